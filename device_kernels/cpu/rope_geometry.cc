@@ -1,0 +1,136 @@
+#include "device_kernels/cpu/rope_geometry.h"
+
+#include <sstream>
+
+namespace jax_rope::cpu {
+namespace {
+
+struct AxisRoles {
+  int rank;
+  int batch;  // -1: no batch axis (TND)
+  int seq;
+  int head;
+};
+
+bool RolesFor(int32_t layout, AxisRoles* roles) {
+  switch (static_cast<RopeLayout>(layout)) {
+    case RopeLayout::kBSND: *roles = {4, 0, 1, 2}; return true;
+    case RopeLayout::kSBND: *roles = {4, 1, 0, 2}; return true;
+    case RopeLayout::kBNSD: *roles = {4, 0, 2, 1}; return true;
+    case RopeLayout::kTND: *roles = {3, -1, 0, 1}; return true;
+  }
+  return false;
+}
+
+std::string Dims(const std::vector<int64_t>& dims) {
+  std::ostringstream out;
+  out << "(";
+  for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
+  out << (dims.size() == 1 ? ",)" : ")");
+  return out.str();
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> strides(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * dims[i + 1];
+  }
+  return strides;
+}
+
+int64_t Axis(const std::vector<int64_t>& dims, int axis) {
+  return axis < 0 ? 1 : dims[axis];
+}
+
+RowStrides StridesFor(const std::vector<int64_t>& dims, const AxisRoles& roles) {
+  const std::vector<int64_t> strides = RowMajorStrides(dims);
+  RowStrides out;
+  out.batch = (roles.batch < 0 || dims[roles.batch] == 1) ? 0 : strides[roles.batch];
+  out.seq = strides[roles.seq];
+  out.head = strides[roles.head];
+  return out;
+}
+
+}  // namespace
+
+std::string MakeRopeGeometry(int32_t layout, int32_t mode,
+                             const std::vector<int64_t>& query_dims,
+                             const std::vector<int64_t>& key_dims,
+                             const std::vector<int64_t>& cos_dims,
+                             const std::vector<int64_t>& sin_dims,
+                             RopeGeometry* geometry) {
+  std::ostringstream err;
+  AxisRoles roles;
+  if (!RolesFor(layout, &roles)) {
+    err << "layout code must be 1 (BSND), 2 (SBND), 3 (BNSD) or 4 (TND), got " << layout;
+    return err.str();
+  }
+  if (mode < 0 || mode > 2) {
+    err << "rotary_mode code must be 0 (half), 1 (quarter) or 2 (interleave), got " << mode;
+    return err.str();
+  }
+  const std::pair<const char*, const std::vector<int64_t>*> named[] = {
+      {"query", &query_dims}, {"key", &key_dims}, {"cos", &cos_dims}, {"sin", &sin_dims}};
+  for (const auto& [name, dims] : named) {
+    if (static_cast<int>(dims->size()) != roles.rank) {
+      err << name << " must have rank " << roles.rank << " for this layout, got shape "
+          << Dims(*dims);
+      return err.str();
+    }
+    for (int64_t d : *dims) {
+      if (d <= 0) {
+        err << name << " must not have an empty axis, got shape " << Dims(*dims);
+        return err.str();
+      }
+    }
+  }
+  if (cos_dims != sin_dims) {
+    err << "sin must have the shape of cos " << Dims(cos_dims) << ", got " << Dims(sin_dims);
+    return err.str();
+  }
+  for (int axis = 0; axis < roles.rank; ++axis) {
+    if (axis != roles.head && key_dims[axis] != query_dims[axis]) {
+      err << "key must match query on every axis but the head axis: query "
+          << Dims(query_dims) << ", key " << Dims(key_dims);
+      return err.str();
+    }
+  }
+  RopeGeometry g;
+  g.batch = Axis(query_dims, roles.batch);
+  g.seq = query_dims[roles.seq];
+  g.q_heads = query_dims[roles.head];
+  g.k_heads = key_dims[roles.head];
+  g.head_dim = query_dims[roles.rank - 1];
+  g.rotary_dim = cos_dims[roles.rank - 1];
+  g.cos_batch = Axis(cos_dims, roles.batch);
+  g.mode = static_cast<RotaryMode>(mode);
+  if (cos_dims[roles.head] != 1) {
+    err << "cos must have head axis 1, got shape " << Dims(cos_dims);
+    return err.str();
+  }
+  if (cos_dims[roles.seq] != g.seq) {
+    err << "cos must have sequence length " << g.seq << ", got shape " << Dims(cos_dims);
+    return err.str();
+  }
+  if (g.cos_batch != 1 && g.cos_batch != g.batch) {
+    err << "cos batch must be 1 or " << g.batch << ", got shape " << Dims(cos_dims);
+    return err.str();
+  }
+  const int64_t multiple = g.mode == RotaryMode::kQuarter ? 4 : 2;
+  if (g.head_dim % multiple != 0 || g.rotary_dim % multiple != 0) {
+    err << "head dim " << g.head_dim << " and rotary dim " << g.rotary_dim
+        << " must be divisible by " << multiple << " in this rotary mode";
+    return err.str();
+  }
+  if (g.rotary_dim > g.head_dim) {
+    err << "cos last axis " << g.rotary_dim << " must be <= head dim " << g.head_dim;
+    return err.str();
+  }
+  g.q = StridesFor(query_dims, roles);
+  g.k = StridesFor(key_dims, roles);
+  g.cos = StridesFor(cos_dims, roles);
+  *geometry = g;
+  return "";
+}
+
+}  // namespace jax_rope::cpu

@@ -1,0 +1,30 @@
+// The compiled extension `jax_rope._jax_rope_cpu`: hands Python the FFI
+// handlers to register (one dict, registered in one loop) and build facts.
+#include <pybind11/pybind11.h>
+
+#include "xla_ffi/rope_handlers.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename Fn>
+py::capsule Capsule(Fn* fn) {
+  return py::capsule(reinterpret_cast<void*>(fn));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_jax_rope_cpu, m) {
+  m.doc() = "jax_rope CPU kernels as XLA FFI handlers";
+  m.def("registrations", []() {
+    py::dict targets;
+    targets["jax_rope_rope_fwd"] = Capsule(jax_rope::ffi_support::JaxRopeRopeForward);
+    targets["jax_rope_rope_bwd"] = Capsule(jax_rope::ffi_support::JaxRopeRopeBackward);
+    targets["jax_rope_rope_bwd_no_inputs"] =
+        Capsule(jax_rope::ffi_support::JaxRopeRopeBackwardNoInputs);
+    return targets;
+  });
+  m.attr("built_against_jaxlib") = JAX_ROPE_BUILT_AGAINST_JAXLIB;
+  m.attr("compiler") = __VERSION__;
+}

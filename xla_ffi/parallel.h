@@ -1,0 +1,63 @@
+// Splits [0, n) into chunks run on XLA's intra-op thread pool (no threads of
+// our own). The calling thread takes chunks too and only waits for chunks that
+// a pool thread has already started, so a busy or absent pool never deadlocks.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_rope::ffi_support {
+
+// `fn(begin, end)` is called on disjoint ranges covering [0, n). `grain` is the
+// smallest range worth a task.
+struct ParallelState {
+  std::atomic<int64_t> next{0};
+  int64_t done = 0;
+  std::mutex mutex;
+  std::condition_variable finished;
+};
+
+// Runs chunks until none are left; touches `fn` only for a claimed chunk, so a
+// task that starts after the caller returned exits without using it.
+template <typename Fn>
+void DrainChunks(ParallelState& state, int64_t chunk, int64_t chunks, int64_t n,
+                 const Fn* fn) {
+  for (int64_t i = state.next.fetch_add(1); i < chunks; i = state.next.fetch_add(1)) {
+    (*fn)(i * chunk, std::min(n, (i + 1) * chunk));
+    std::lock_guard<std::mutex> lock(state.mutex);
+    if (++state.done == chunks) state.finished.notify_one();
+  }
+}
+
+// `fn(begin, end)` is called on disjoint ranges covering [0, n). `grain` is the
+// smallest range worth a task.
+template <typename Fn>
+void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t threads = pool.num_threads();
+  const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain,
+                                           std::max<int64_t>(threads, 1) * 4);
+  if (threads <= 1 || chunks <= 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  auto state = std::make_shared<ParallelState>();
+  const int64_t chunk = (n + chunks - 1) / chunks;
+  const int64_t helpers = std::min<int64_t>(threads, chunks - 1);
+  for (int64_t i = 0; i < helpers; ++i) {
+    pool.Schedule([state, chunk, chunks, n, fn_ptr = &fn]() {
+      DrainChunks(*state, chunk, chunks, n, fn_ptr);
+    });
+  }
+  DrainChunks(*state, chunk, chunks, n, &fn);
+  std::unique_lock<std::mutex> lock(state->mutex);
+  state->finished.wait(lock, [&] { return state->done == chunks; });
+}
+
+}  // namespace jax_rope::ffi_support

@@ -1,0 +1,197 @@
+// XLA FFI handlers for the fused Q/K RoPE: decode buffers and attributes,
+// re-check the shapes, dispatch on dtype and run the CPU kernels on XLA's
+// thread pool. The math lives in device_kernels/cpu.
+#include "xla_ffi/rope_handlers.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/rope_kernels.h"
+#include "xla_ffi/dtype_dispatch.h"
+#include "xla_ffi/parallel.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_rope::ffi_support {
+namespace {
+
+using cpu::RopeGeometry;
+
+std::vector<int64_t> DimsOf(const ffi::AnyBuffer& buffer) {
+  auto dims = buffer.dimensions();
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+template <typename T>
+T* Data(const ffi::AnyBuffer& buffer) {
+  return static_cast<T*>(buffer.untyped_data());
+}
+
+ffi::Error ShapeError(const char* op, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string("jax_rope ") + op + ": " + message);
+}
+
+// Same dtype everywhere and outputs shaped like their inputs.
+ffi::Error CheckBuffers(const char* op, const std::vector<NamedBuffer>& inputs,
+                        const std::vector<std::pair<NamedBuffer, NamedBuffer>>& outputs) {
+  const ffi::DataType dtype = inputs.front().buffer->element_type();
+  for (const NamedBuffer& in : inputs) {
+    if (in.buffer->element_type() != dtype) {
+      return ShapeError(op, std::string(in.name) + " must have the dtype of " +
+                                inputs.front().name);
+    }
+  }
+  for (const auto& [out, like] : outputs) {
+    if (out.buffer->element_type() != dtype || DimsOf(*out.buffer) != DimsOf(*like.buffer)) {
+      return ShapeError(op, std::string(out.name) + " must have the shape and dtype of " +
+                                like.name);
+    }
+  }
+  return ffi::Error::Success();
+}
+
+int64_t GrainFor(const RopeGeometry& g, int64_t rows_per_item) {
+  // About 32K elements per task: enough to amortise scheduling.
+  const int64_t per_item = std::max<int64_t>(1, (g.q_heads + g.k_heads) * g.head_dim *
+                                                    rows_per_item);
+  return std::max<int64_t>(1, 32768 / per_item);
+}
+
+}  // namespace
+
+ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
+                       ffi::AnyBuffer cos, ffi::AnyBuffer sin,
+                       ffi::Result<ffi::AnyBuffer> query_out,
+                       ffi::Result<ffi::AnyBuffer> key_out, int32_t layout,
+                       int32_t rotary_mode) {
+  constexpr const char* kOp = "rope forward";
+  RopeGeometry g;
+  std::string message = cpu::MakeRopeGeometry(layout, rotary_mode, DimsOf(query),
+                                              DimsOf(key), DimsOf(cos), DimsOf(sin), &g);
+  if (!message.empty()) return ShapeError(kOp, message);
+  if (ffi::Error error = CheckBuffers(
+          kOp, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}},
+          {{{"query_out", &*query_out}, {"query", &query}},
+           {{"key_out", &*key_out}, {"key", &key}}});
+      error.failure()) {
+    return error;
+  }
+  return DispatchFloat(kOp, query.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const cpu::RopeForwardArgs<T> args{Data<T>(query), Data<T>(key),        Data<T>(cos),
+                                       Data<T>(sin),   Data<T>(*query_out), Data<T>(*key_out)};
+    ParallelFor(pool, g.tokens(), GrainFor(g, 1), [&](int64_t begin, int64_t end) {
+      cpu::RopeForward(g, args, begin, end);
+    });
+  });
+}
+
+ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
+                        ffi::AnyBuffer grad_key, ffi::AnyBuffer cos, ffi::AnyBuffer sin,
+                        const ffi::AnyBuffer* query, const ffi::AnyBuffer* key,
+                        ffi::AnyBuffer dquery, ffi::AnyBuffer dkey, ffi::AnyBuffer* dcos,
+                        ffi::AnyBuffer* dsin, int32_t layout, int32_t rotary_mode) {
+  constexpr const char* kOp = "rope backward";
+  if (rotary_mode != static_cast<int32_t>(cpu::RotaryMode::kHalf)) {
+    return ShapeError(kOp, "the gradient exists for rotary_mode half (0) only, got code " +
+                               std::to_string(rotary_mode));
+  }
+  RopeGeometry g;
+  std::string message =
+      cpu::MakeRopeGeometry(layout, rotary_mode, DimsOf(grad_query), DimsOf(grad_key),
+                            DimsOf(cos), DimsOf(sin), &g);
+  if (!message.empty()) return ShapeError(kOp, message);
+  std::vector<NamedBuffer> inputs = {
+      {"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}};
+  std::vector<std::pair<NamedBuffer, NamedBuffer>> outputs = {
+      {{"dquery", &dquery}, {"grad_query", &grad_query}},
+      {{"dkey", &dkey}, {"grad_key", &grad_key}}};
+  if (query != nullptr) {
+    outputs.push_back({{"query", query}, {"grad_query", &grad_query}});
+    outputs.push_back({{"key", key}, {"grad_key", &grad_key}});
+    outputs.push_back({{"dcos", dcos}, {"cos", &cos}});
+    outputs.push_back({{"dsin", dsin}, {"sin", &sin}});
+  }
+  if (ffi::Error error = CheckBuffers(kOp, inputs, outputs); error.failure()) return error;
+  return DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const bool with_inputs = query != nullptr;
+    const cpu::RopeBackwardArgs<T> args{
+        Data<T>(grad_query),
+        Data<T>(grad_key),
+        Data<T>(cos),
+        Data<T>(sin),
+        with_inputs ? Data<T>(*query) : nullptr,
+        with_inputs ? Data<T>(*key) : nullptr,
+        Data<T>(dquery),
+        Data<T>(dkey),
+        with_inputs ? Data<T>(*dcos) : nullptr,
+        with_inputs ? Data<T>(*dsin) : nullptr};
+    const int64_t batches_per_row = g.cos_batch == 1 ? g.batch : 1;
+    ParallelFor(pool, g.cos_rows(), GrainFor(g, batches_per_row),
+                [&](int64_t begin, int64_t end) { cpu::RopeBackward(g, args, begin, end); });
+  });
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeRopeForward, RopeForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // query
+                                  .Arg<ffi::AnyBuffer>()  // key
+                                  .Arg<ffi::AnyBuffer>()  // cos
+                                  .Arg<ffi::AnyBuffer>()  // sin
+                                  .Ret<ffi::AnyBuffer>()  // query_out
+                                  .Ret<ffi::AnyBuffer>()  // key_out
+                                  .Attr<int32_t>("layout")
+                                  .Attr<int32_t>("rotary_mode"));
+
+static ffi::Error RopeBackwardWithInputs(
+    ffi::ThreadPool pool, ffi::AnyBuffer grad_query, ffi::AnyBuffer grad_key,
+    ffi::AnyBuffer cos, ffi::AnyBuffer sin, ffi::AnyBuffer query, ffi::AnyBuffer key,
+    ffi::Result<ffi::AnyBuffer> dquery, ffi::Result<ffi::AnyBuffer> dkey,
+    ffi::Result<ffi::AnyBuffer> dcos, ffi::Result<ffi::AnyBuffer> dsin, int32_t layout,
+    int32_t rotary_mode) {
+  return RopeBackward(pool, grad_query, grad_key, cos, sin, &query, &key, *dquery, *dkey,
+                      &*dcos, &*dsin, layout, rotary_mode);
+}
+
+static ffi::Error RopeBackwardNoInputs(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
+                                       ffi::AnyBuffer grad_key, ffi::AnyBuffer cos,
+                                       ffi::AnyBuffer sin,
+                                       ffi::Result<ffi::AnyBuffer> dquery,
+                                       ffi::Result<ffi::AnyBuffer> dkey, int32_t layout,
+                                       int32_t rotary_mode) {
+  return RopeBackward(pool, grad_query, grad_key, cos, sin, nullptr, nullptr, *dquery,
+                      *dkey, nullptr, nullptr, layout, rotary_mode);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeRopeBackward, RopeBackwardWithInputs,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // grad_query
+                                  .Arg<ffi::AnyBuffer>()  // grad_key
+                                  .Arg<ffi::AnyBuffer>()  // cos
+                                  .Arg<ffi::AnyBuffer>()  // sin
+                                  .Arg<ffi::AnyBuffer>()  // query
+                                  .Arg<ffi::AnyBuffer>()  // key
+                                  .Ret<ffi::AnyBuffer>()  // dquery
+                                  .Ret<ffi::AnyBuffer>()  // dkey
+                                  .Ret<ffi::AnyBuffer>()  // dcos
+                                  .Ret<ffi::AnyBuffer>()  // dsin
+                                  .Attr<int32_t>("layout")
+                                  .Attr<int32_t>("rotary_mode"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeRopeBackwardNoInputs, RopeBackwardNoInputs,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // grad_query
+                                  .Arg<ffi::AnyBuffer>()  // grad_key
+                                  .Arg<ffi::AnyBuffer>()  // cos
+                                  .Arg<ffi::AnyBuffer>()  // sin
+                                  .Ret<ffi::AnyBuffer>()  // dquery
+                                  .Ret<ffi::AnyBuffer>()  // dkey
+                                  .Attr<int32_t>("layout")
+                                  .Attr<int32_t>("rotary_mode"));
+
+}  // namespace jax_rope::ffi_support
