@@ -76,7 +76,8 @@ def check_rope_shapes(options: RopeOptions, query, key, cos, sin,
         if len(shape) != roles.rank:
             raise ValueError(
                 f"{name} must have rank {roles.rank} {expected} for layout "
-                f"{options.layout}, got shape {shape}")
+                f"{options.layout}{' (or BSH, its legacy name)' if options.layout == 'BSND' else ''}"
+                f", got shape {shape}")
         if 0 in shape:
             raise ValueError(f"{name} must not have an axis of size 0, got shape {shape}")
     q, k, c, s = (shapes[n] for n in names)

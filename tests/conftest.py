@@ -1,0 +1,66 @@
+"""Shared test configuration: hypothesis profiles, the backend fixture and sys.path for the
+NumPy oracle (``oracle.py``) and helpers (``helpers.py``) in this folder.
+
+jax_rope is imported lazily so that ``test_oracle.py`` runs without the package.
+Environment: ``HYPOTHESIS_PROFILE=thorough`` for more examples; ``JAX_ROPE_TESTS_SKIP_FFI=1``
+skips (instead of failing) the ffi-backend tests where the compiled extension is not built.
+"""
+
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+             HealthCheck.data_too_large]
+settings.register_profile("default", deadline=None, max_examples=25,
+                          suppress_health_check=_SUPPRESS, print_blob=True, database=None)
+settings.register_profile("quick", deadline=None, max_examples=5,
+                          suppress_health_check=_SUPPRESS, print_blob=True, database=None)
+settings.register_profile("thorough", deadline=None, max_examples=200,
+                          suppress_health_check=_SUPPRESS, print_blob=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+BACKENDS = ("ffi", "fallback")
+
+_ffi_probe = {}
+
+
+def ffi_unavailable_reason():
+    """None when the ffi backend runs a tiny call, else the error text (probed once)."""
+    if "reason" not in _ffi_probe:
+        import jax.numpy as jnp
+
+        import jax_rope as jr
+        try:
+            with jr.backend("ffi"):
+                x = jnp.ones((1, 1, 1, 2), jnp.float32)
+                q, _ = jr.apply_rotary_pos_emb(x, x, x, x)
+                q.block_until_ready()
+            _ffi_probe["reason"] = None
+        except Exception as e:  # noqa: BLE001 - reported verbatim below
+            _ffi_probe["reason"] = f"{type(e).__name__}: {e}"
+    return _ffi_probe["reason"]
+
+
+def require_backend(name):
+    if name == "ffi":
+        reason = ffi_unavailable_reason()
+        if reason is not None:
+            msg = f"ffi backend unavailable: {reason}"
+            if os.environ.get("JAX_ROPE_TESTS_SKIP_FFI") == "1":
+                pytest.skip(msg)
+            pytest.fail(msg)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Runs the test with jax_rope's backend set to "ffi" or "fallback"."""
+    import jax_rope as jr
+    require_backend(request.param)
+    with jr.backend(request.param):
+        yield request.param
+
