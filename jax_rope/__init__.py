@@ -5,20 +5,28 @@ and a pure jax.numpy fallback with identical semantics.
 """
 
 from jax_rope._version import __version__
+from jax_rope.attention import attention_scores, flash_attention_score, sparse_mask
 from jax_rope.backends import backend, set_backend
 from jax_rope.describe import describe
 from jax_rope.rope import apply_rotary_pos_emb, apply_rotary_pos_emb_grad
-from jax_rope.rope_primitives import FFI_TARGETS
+from jax_rope import attention_primitives as _attention_primitives
+from jax_rope import rope_primitives as _rope_primitives
 from jax_rope.rope_tables import positions_from_seq_lens, rope_cos_sin
+
+#: Custom-call targets of the compiled kernels (e.g. for jax.export's disabled_checks).
+FFI_TARGETS = _rope_primitives.FFI_TARGETS + _attention_primitives.FFI_TARGETS
 
 __all__ = [
     "FFI_TARGETS",
     "__version__",
     "apply_rotary_pos_emb",
+    "attention_scores",
     "apply_rotary_pos_emb_grad",
     "backend",
     "describe",
+    "flash_attention_score",
     "positions_from_seq_lens",
     "rope_cos_sin",
     "set_backend",
+    "sparse_mask",
 ]

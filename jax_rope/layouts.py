@@ -39,3 +39,30 @@ ROPE_LAYOUTS = {
     "BNSD": RopeLayout("BNSD", 3, 4, batch=0, seq=2, head=1),
     "TND": RopeLayout("TND", 4, 3, batch=None, seq=0, head=1),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionLayout:
+    """Axis roles of an attention layout after BSH/SBH are split into heads.
+
+    `kernel` names the 4-D (or TND) layout the kernels see; `packed_heads` marks
+    the 3-D layouts whose last axis is N*D (head_num required).
+    """
+
+    name: str
+    kernel: str
+    rank: int
+    packed_heads: bool
+
+    @property
+    def roles(self) -> RopeLayout:
+        return ROPE_LAYOUTS[self.kernel]
+
+
+ATTENTION_LAYOUTS = {
+    "BSND": AttentionLayout("BSND", "BSND", 4, False),
+    "BNSD": AttentionLayout("BNSD", "BNSD", 4, False),
+    "BSH": AttentionLayout("BSH", "BSND", 3, True),
+    "SBH": AttentionLayout("SBH", "SBND", 3, True),
+    "TND": AttentionLayout("TND", "TND", 3, False),
+}

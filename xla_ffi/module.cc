@@ -2,6 +2,7 @@
 // handlers to register (one dict, registered in one loop) and build facts.
 #include <pybind11/pybind11.h>
 
+#include "xla_ffi/attention_handlers.h"
 #include "xla_ffi/rope_handlers.h"
 
 namespace py = pybind11;
@@ -23,6 +24,9 @@ PYBIND11_MODULE(_jax_rope_cpu, m) {
     targets["jax_rope_rope_bwd"] = Capsule(jax_rope::ffi_support::JaxRopeRopeBackward);
     targets["jax_rope_rope_bwd_no_inputs"] =
         Capsule(jax_rope::ffi_support::JaxRopeRopeBackwardNoInputs);
+    targets["jax_rope_attention_fwd"] = Capsule(jax_rope::ffi_support::JaxRopeAttentionForward);
+    targets["jax_rope_attention_scores"] = Capsule(jax_rope::ffi_support::JaxRopeAttentionScores);
+    targets["jax_rope_attention_bwd"] = Capsule(jax_rope::ffi_support::JaxRopeAttentionBackward);
     return targets;
   });
   m.attr("built_against_jaxlib") = JAX_ROPE_BUILT_AGAINST_JAXLIB;

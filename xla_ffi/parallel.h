@@ -42,7 +42,7 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn&
   grain = std::max<int64_t>(grain, 1);
   const int64_t threads = pool.num_threads();
   const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain,
-                                           std::max<int64_t>(threads, 1) * 4);
+                                           std::max<int64_t>(threads, 1) * 16);
   if (threads <= 1 || chunks <= 1) {
     fn(int64_t{0}, n);
     return;

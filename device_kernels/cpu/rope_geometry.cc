@@ -2,25 +2,10 @@
 
 #include <sstream>
 
+#include "device_kernels/cpu/layout_roles.h"
+
 namespace jax_rope::cpu {
 namespace {
-
-struct AxisRoles {
-  int rank;
-  int batch;  // -1: no batch axis (TND)
-  int seq;
-  int head;
-};
-
-bool RolesFor(int32_t layout, AxisRoles* roles) {
-  switch (static_cast<RopeLayout>(layout)) {
-    case RopeLayout::kBSND: *roles = {4, 0, 1, 2}; return true;
-    case RopeLayout::kSBND: *roles = {4, 1, 0, 2}; return true;
-    case RopeLayout::kBNSD: *roles = {4, 0, 2, 1}; return true;
-    case RopeLayout::kTND: *roles = {3, -1, 0, 1}; return true;
-  }
-  return false;
-}
 
 std::string Dims(const std::vector<int64_t>& dims) {
   std::ostringstream out;
@@ -28,18 +13,6 @@ std::string Dims(const std::vector<int64_t>& dims) {
   for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
   out << (dims.size() == 1 ? ",)" : ")");
   return out.str();
-}
-
-std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& dims) {
-  std::vector<int64_t> strides(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * dims[i + 1];
-  }
-  return strides;
-}
-
-int64_t Axis(const std::vector<int64_t>& dims, int axis) {
-  return axis < 0 ? 1 : dims[axis];
 }
 
 RowStrides StridesFor(const std::vector<int64_t>& dims, const AxisRoles& roles) {
@@ -61,7 +34,7 @@ std::string MakeRopeGeometry(int32_t layout, int32_t mode,
                              RopeGeometry* geometry) {
   std::ostringstream err;
   AxisRoles roles;
-  if (!RolesFor(layout, &roles)) {
+  if (!LayoutRoles(layout, &roles)) {
     err << "layout code must be 1 (BSND), 2 (SBND), 3 (BNSD) or 4 (TND), got " << layout;
     return err.str();
   }
@@ -96,13 +69,13 @@ std::string MakeRopeGeometry(int32_t layout, int32_t mode,
     }
   }
   RopeGeometry g;
-  g.batch = Axis(query_dims, roles.batch);
+  g.batch = RoleSize(query_dims, roles.batch);
   g.seq = query_dims[roles.seq];
   g.q_heads = query_dims[roles.head];
   g.k_heads = key_dims[roles.head];
   g.head_dim = query_dims[roles.rank - 1];
   g.rotary_dim = cos_dims[roles.rank - 1];
-  g.cos_batch = Axis(cos_dims, roles.batch);
+  g.cos_batch = RoleSize(cos_dims, roles.batch);
   g.mode = static_cast<RotaryMode>(mode);
   if (cos_dims[roles.head] != 1) {
     err << "cos must have head axis 1, got shape " << Dims(cos_dims);

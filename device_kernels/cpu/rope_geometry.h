@@ -9,9 +9,6 @@
 
 namespace jax_rope::cpu {
 
-// Integer codes shared with Python (jax_rope/layouts.py) and with the NPU
-// operator's own numbering.
-enum class RopeLayout : int32_t { kBSND = 1, kSBND = 2, kBNSD = 3, kTND = 4 };
 enum class RotaryMode : int32_t { kHalf = 0, kQuarter = 1, kInterleave = 2 };
 
 struct RowStrides {

@@ -1,0 +1,174 @@
+// Building blocks of the CPU attention kernels (attention_kernels.cc): the
+// band geometry of one sequence, the work-item lists, and float32 staging of
+// tensor blocks for the tile routines. Internal to the kernels.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+#include <vector>
+
+#include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/attention_tiles.h"
+
+namespace jax_rope::cpu::attention {
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline int64_t Offset(const Strides3& s, int64_t b, int64_t row, int64_t head) {
+  return b * s.batch + row * s.seq + head * s.head;
+}
+
+inline bool ValidGeometry(const AttentionGeometry& g) {
+  return g.batch >= 0 && g.q_heads > 0 && g.kv_heads > 0 && g.q_heads % g.kv_heads == 0 &&
+         g.head_dim > 0 && g.value_dim > 0;
+}
+
+// One sequence's band in int64, so offsets of +-2^30 never overflow.
+struct Band {
+  int64_t q_start, q_len, kv_start, kv_len, lo_off, hi_off, hi_floor;
+
+  explicit Band(const SequenceBand& s)
+      : q_start(s.q_start), q_len(std::max(s.q_len, 0)), kv_start(s.kv_start),
+        kv_len(std::max(s.kv_len, 0)), lo_off(s.lo_off), hi_off(s.hi_off),
+        hi_floor(s.hi_floor) {}
+  int64_t Lo(int64_t i) const { return std::max<int64_t>(0, i + lo_off); }
+  int64_t Hi(int64_t i) const { return std::min(kv_len - 1, std::max(i + hi_off, hi_floor)); }
+  // Every position of rows [r0, r0 + nr) x columns [c0, c0 + nc) is inside the band.
+  bool Covers(int64_t r0, int64_t nr, int64_t c0, int64_t nc) const {
+    return Lo(r0 + nr - 1) <= c0 && Hi(r0) >= c0 + nc - 1;
+  }
+  // Key columns [first, last] that rows [r0, r0 + nr) can see (first > last: none);
+  // Lo and Hi never decrease, so the ends come from the first and last row.
+  void KeyRange(int64_t r0, int64_t nr, int64_t* first, int64_t* last) const {
+    *first = Lo(r0);
+    *last = Hi(r0 + nr - 1);
+  }
+  // Query rows [first, last] that see some key column of [c0, c0 + nc):
+  // Hi(i) >= c0 (Hi is capped by kv_len - 1 >= c0) and Lo(i) <= c0 + nc - 1.
+  void QueryRange(int64_t c0, int64_t nc, int64_t* first, int64_t* last) const {
+    *first = hi_floor >= c0 ? 0 : std::max<int64_t>(0, c0 - hi_off);
+    *last = std::min(q_len - 1, c0 + nc - 1 - lo_off);
+  }
+};
+
+// Items are (sequence, head, block) with blocks of `block` query (or key) rows;
+// within one (sequence, head) the blocks go 0, last, 1, last - 1, ... so that
+// any run of consecutive items mixes cheap and expensive blocks of a causal
+// band and parallel chunks stay balanced.
+class WorkItems {
+ public:
+  struct Item {
+    int64_t seq, head, block;
+  };
+
+  WorkItems(const AttentionGeometry& g, const SequenceBand* seqs, bool key_blocks, int64_t block)
+      : heads_(key_blocks ? g.kv_heads : g.q_heads) {
+    if (!ValidGeometry(g)) return;
+    ends_.reserve(g.batch);
+    int64_t total = 0;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const Band band(seqs[b]);
+      total += heads_ * CeilDiv(key_blocks ? band.kv_len : band.q_len, block);
+      ends_.push_back(total);
+    }
+  }
+  int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
+  Item operator[](int64_t t) const {
+    const int64_t seq = std::upper_bound(ends_.begin(), ends_.end(), t) - ends_.begin();
+    const int64_t start = seq == 0 ? 0 : ends_[seq - 1];
+    const int64_t blocks = (ends_[seq] - start) / heads_;
+    const int64_t k = (t - start) % blocks;
+    return {seq, (t - start) / blocks, k % 2 == 0 ? k / 2 : blocks - 1 - k / 2};
+  }
+
+ private:
+  int64_t heads_;
+  std::vector<int64_t> ends_;  // cumulative item counts per sequence
+};
+
+// Float32 scratch of one call, 64-byte aligned, O(block x head_dim).
+class Workspace {
+ public:
+  Workspace(const AttentionGeometry& g, int64_t block)
+      : dp(RoundUpToTile(g.head_dim)), dvp(RoundUpToTile(g.value_dim)) {
+    const int64_t sizes[] = {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
+                             block * block,      block * block,       block * dp, block * dvp,
+                             block,              block,               block};
+    float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta};
+    int64_t total = 0;
+    for (int64_t size : sizes) total += RoundUpToTile(size);
+    data_ = new (std::align_val_t{64}) float[total]();
+    float* p = data_;
+    for (int i = 0; i < 11; ++i) {
+      *slots[i] = p;
+      p += RoundUpToTile(sizes[i]);
+    }
+  }
+  ~Workspace() { ::operator delete[](data_, std::align_val_t{64}); }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  const int64_t dp, dvp;  // head_dim and value_dim rounded up to kTileAlign
+  float *t1, *t2;         // transposed blocks (dim x block)
+  float *n1, *n2;         // blocks converted to float32 (block x dim)
+  float *s, *dprob;       // score tiles
+  float *acc1, *acc2;     // float32 accumulators of the outputs
+  float *max, *sum, *delta;
+
+ private:
+  float* data_;
+};
+
+// rows x cols of `src` (row stride `stride`) to float32 rows of `ld`, zero
+// columns up to RoundUpToTile(cols).
+template <typename T>
+void LoadBlock(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst, int64_t ld) {
+  const int64_t padded = RoundUpToTile(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* in = src + r * stride;
+    float* out = dst + r * ld;
+    for (int64_t c = 0; c < cols; ++c) out[c] = ToFloat(in[c]);
+    for (int64_t c = cols; c < padded; ++c) out[c] = 0.0f;
+  }
+}
+
+// The transpose (cols x rows, row stride ld), zero columns up to RoundUpToTile(rows).
+template <typename T>
+void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                    int64_t ld) {
+  const int64_t padded = RoundUpToTile(rows);
+  for (int64_t c = 0; c < cols; ++c) {
+    float* out = dst + c * ld;
+    for (int64_t r = 0; r < rows; ++r) out[r] = ToFloat(src[r * stride + c]);
+    for (int64_t r = rows; r < padded; ++r) out[r] = 0.0f;
+  }
+}
+
+// A block as a GEMM operand: float32 rows are used in place unless a B operand
+// would read past `cols`; other types are converted into `scratch`.
+struct Operand {
+  const float* data;
+  int64_t ld;
+};
+
+template <typename T>
+Operand View(const T* src, int64_t stride, int64_t rows, int64_t cols, bool b_operand,
+             float* scratch, int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (!b_operand || cols % kTileAlign == 0) return {src, stride};
+  }
+  LoadBlock(src, stride, rows, cols, scratch, ld);
+  return {scratch, ld};
+}
+
+template <typename T>
+void StoreRows(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor, T* dst,
+               int64_t stride) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * stride + c] = FromFloat<T>(src[r * ld + c] * factor);
+  }
+}
+
+}  // namespace jax_rope::cpu::attention

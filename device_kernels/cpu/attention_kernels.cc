@@ -1,0 +1,324 @@
+// Orchestration of the attention kernels over work items; the arithmetic is in
+// attention_tiles.cc. Orientation: each item transposes only its own fixed
+// block (queries for the forward and dquery items, keys/values for dkey/dvalue
+// items) once, and the blocks it loops over are GEMM operands in their stored
+// row-major layout (float32 in place), so no tile is ever transposed:
+//   forward, dquery: scores^T = K_blk Q^T, with the row statistics along vectors;
+//   dkey/dvalue:     scores = Q_blk K^T; dV += P^T dO and dK += dS^T Q read P
+//                    and dS transposed through the GEMM's A strides.
+#include "device_kernels/cpu/attention_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_tiles.h"
+
+namespace jax_rope::cpu {
+namespace {
+
+using attention::Band;
+using attention::LoadTransposed;
+using attention::Offset;
+using attention::Operand;
+using attention::StoreRows;
+using attention::View;
+using attention::WorkItems;
+using attention::Workspace;
+
+// Query rows per forward item and key rows per key-block item. The tile
+// routines need multiples of kTileAlign.
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 64;
+constexpr int64_t kBlockMax = std::max(kBlockQ, kBlockK);
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Sets the masked positions of a tile of rows [r0, r0 + nr) x columns
+// [c0, c0 + nc) to -inf, and its padding (along the stored rows, up to
+// RoundUpToTile) too. transposed: keys along the stored rows.
+void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n, int64_t r0,
+              int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld, bool transposed) {
+  const int64_t q_step = transposed ? 1 : ld;
+  const int64_t k_step = transposed ? ld : 1;
+  const int64_t stored_rows = transposed ? nc : nr;
+  const int64_t used = transposed ? nr : nc;
+  for (int64_t r = 0; r < stored_rows; ++r) {
+    std::fill(s + r * ld + used, s + r * ld + RoundUpToTile(used), kNegInf);
+  }
+  const ElementMask& mask = g.mask;
+  if (band.Covers(r0, nr, c0, nc) && mask.data == nullptr) return;
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
+    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
+    float* row = s + i * q_step;
+    for (int64_t j = 0; j < lo; ++j) row[j * k_step] = kNegInf;
+    for (int64_t j = hi; j < nc; ++j) row[j * k_step] = kNegInf;
+    if (mask.data == nullptr) continue;
+    const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
+    for (int64_t j = lo; j < hi; ++j) {
+      if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
+    }
+  }
+}
+
+// Saved statistics of rows [r0, r0 + nr) as exp shift, 1 / sum and row delta;
+// rows without a visible key (or unusable statistics) get p = 0. Zero padded
+// to RoundUpToTile(nr).
+template <typename T>
+void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
+               const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t nr,
+               Workspace& ws) {
+  for (int64_t i = 0; i < RoundUpToTile(nr); ++i) {
+    ws.max[i] = ws.sum[i] = ws.delta[i] = 0.0f;
+    if (i >= nr) continue;
+    const int64_t idx = Offset(g.stats, b, band.q_start + r0 + i, n);
+    const float mx = a.softmax_max[idx];
+    const float sm = a.softmax_sum[idx];
+    if (mx > kMaskValue && std::isfinite(mx) && sm > 0.0f && std::isfinite(sm)) {
+      ws.max[i] = mx;
+      ws.sum[i] = 1.0f / sm;
+      ws.delta[i] = row_delta[idx];
+    }
+  }
+}
+
+template <typename T>
+void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
+                 const AttentionForwardArgs<T>& a, const WorkItems::Item& it,
+                 const TileOps& ops, Workspace& ws) {
+  const Band band(seqs[it.seq]);
+  const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
+  const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
+  const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
+  LoadTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, ws.t1, kBlockQ);
+  float* o = ws.acc1;
+  std::fill(o, o + nr * ws.dvp, 0.0f);
+  std::fill(ws.max, ws.max + nrp, kNegInf);
+  std::fill(ws.sum, ws.sum + nrp, 0.0f);
+  int64_t first, last;
+  band.KeyRange(r0, nr, &first, &last);
+  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+    const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
+                           false, ws.n1, ws.dp);
+    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
+                           true, ws.n2, ws.dvp);
+    // Transposed scores (keys x queries): the statistics run along vectors.
+    ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+    ops.softmax_step(ws.s, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
+    ops.gemm(nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, true);
+  }
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t row = band.q_start + r0 + i;
+    const int64_t idx = Offset(g.stats, b, row, n);
+    T* out = a.out + Offset(g.out, b, row, n);
+    const bool dead = ws.max[i] == kNegInf;
+    StoreRows(o + i * ws.dvp, ws.dvp, 1, dv, dead ? 0.0f : 1.0f / ws.sum[i], out, 0);
+    a.softmax_max[idx] = dead ? kMaskValue : ws.max[i];
+    a.softmax_sum[idx] = dead ? kDeadRowSum : ws.sum[i];
+  }
+}
+
+template <typename T>
+void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
+                  const AttentionBackwardArgs<T>& a, const float* row_delta,
+                  const WorkItems::Item& it, const TileOps& ops, Workspace& ws) {
+  const Band band(seqs[it.seq]);
+  const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads;
+  const int64_t c0 = it.block * kBlockK, nc = std::min(kBlockK, band.kv_len - c0);
+  const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
+  const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
+  const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
+  LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
+  LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+  float* dk = ws.acc1;
+  float* dval = ws.acc2;
+  std::fill(dk, dk + nc * ws.dp, 0.0f);
+  std::fill(dval, dval + nc * ws.dvp, 0.0f);
+  int64_t first, last;
+  band.QueryRange(c0, nc, &first, &last);
+  for (int64_t n = h * group; n < (h + 1) * group; ++n) {
+    for (int64_t r0 = first / kBlockQ * kBlockQ; first <= last && r0 <= last; r0 += kBlockQ) {
+      const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+      const int64_t row = band.q_start + r0;
+      const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
+      const Operand dout =
+          View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
+      LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
+      ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
+      ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+      MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+      ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, g.scale, ws.max, ws.sum, ws.delta,
+                       false);
+      ops.gemm(nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, true);
+      ops.gemm(nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, true);
+    }
+  }
+  StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
+  StoreRows(dval, ws.dvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+}
+
+template <typename T>
+void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
+               const AttentionBackwardArgs<T>& a, const float* row_delta,
+               const WorkItems::Item& it, const TileOps& ops, Workspace& ws) {
+  const Band band(seqs[it.seq]);
+  const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
+  const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
+  const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
+  const int64_t q_off = Offset(g.q, b, band.q_start + r0, n);
+  LoadTransposed(a.query + q_off, g.q.seq, nr, d, ws.t1, kBlockQ);
+  LoadTransposed(a.dout + Offset(g.out, b, band.q_start + r0, n), g.out.seq, nr, dv, ws.t2,
+                 kBlockQ);
+  LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
+  float* dq = ws.acc1;
+  std::fill(dq, dq + nr * ws.dp, 0.0f);
+  int64_t first, last;
+  band.KeyRange(r0, nr, &first, &last);
+  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+    const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
+                           true, ws.n1, ws.dp);
+    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
+                           false, ws.n2, ws.dvp);
+    ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
+    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+    ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, ws.delta, true);
+    ops.gemm(nr, d, nc, ws.dprob, 1, kBlockQ, k.data, k.ld, dq, ws.dp, true);
+  }
+  StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
+}
+
+template <typename T>
+void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* query, const T* key,
+                float* scores, const int64_t strides[3], const WorkItems::Item& it,
+                const TileOps& ops, Workspace& ws) {
+  const Band band(seqs[it.seq]);
+  const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
+  const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
+  LoadTransposed(query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, g.head_dim, ws.t1,
+                 kBlockQ);
+  int64_t first, last;
+  band.KeyRange(r0, nr, &first, &last);
+  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+    const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
+                           g.head_dim, false, ws.n1, ws.dp);
+    ops.gemm(nc, nr, g.head_dim, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+    for (int64_t i = 0; i < nr; ++i) {
+      // Masked positions keep the caller's kMaskValue.
+      float* out = scores + b * strides[0] + n * strides[1] +
+                   (band.q_start + r0 + i) * strides[2] + band.kv_start + c0;
+      for (int64_t j = 0; j < nc; ++j) {
+        const float s = ws.s[j * kBlockQ + i];
+        if (s != kNegInf) out[j] = g.scale * s;
+      }
+    }
+  }
+}
+
+// Runs fn(item, ops, workspace) over items [begin, end) of one list.
+template <typename Fn>
+void ForEachItem(const AttentionGeometry& g, const SequenceBand* seqs, bool key_blocks,
+                 int64_t begin, int64_t end, const Fn& fn) {
+  const WorkItems items(g, seqs, key_blocks, key_blocks ? kBlockK : kBlockQ);
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, items.size());
+  if (begin >= end) return;
+  const TileOps& ops = GetTileOps();
+  Workspace ws(g, kBlockMax);
+  for (int64_t t = begin; t < end; ++t) fn(items[t], ops, ws);
+}
+
+}  // namespace
+
+int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
+  return WorkItems(g, seqs, false, kBlockQ).size();
+}
+
+int64_t KeyBlockWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
+  return WorkItems(g, seqs, true, kBlockK).size();
+}
+
+template <typename T>
+void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
+                      const AttentionForwardArgs<T>& args, int64_t begin, int64_t end) {
+  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps& ops,
+                                              Workspace& ws) {
+    ForwardItem(g, seqs, args, it, ops, ws);
+  });
+}
+
+template <typename T>
+void AttentionRowDelta(const AttentionGeometry& g, const SequenceBand* seqs,
+                       const AttentionBackwardArgs<T>& a, float* row_delta, int64_t begin,
+                       int64_t end) {
+  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps&,
+                                              Workspace&) {
+    const Band band(seqs[it.seq]);
+    const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
+    for (int64_t row = band.q_start + r0; row < band.q_start + r0 + nr; ++row) {
+      const int64_t off = Offset(g.out, it.seq, row, it.head);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < g.value_dim; ++c) {
+        sum += ToFloat(a.dout[off + c]) * ToFloat(a.out[off + c]);
+      }
+      row_delta[Offset(g.stats, it.seq, row, it.head)] = sum;
+    }
+  });
+}
+
+template <typename T>
+void AttentionBackwardKeyValue(const AttentionGeometry& g, const SequenceBand* seqs,
+                               const AttentionBackwardArgs<T>& args, const float* row_delta,
+                               int64_t begin, int64_t end) {
+  ForEachItem(g, seqs, true, begin, end, [&](const WorkItems::Item& it, const TileOps& ops,
+                                             Workspace& ws) {
+    KeyValueItem(g, seqs, args, row_delta, it, ops, ws);
+  });
+}
+
+template <typename T>
+void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs,
+                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            int64_t begin, int64_t end) {
+  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps& ops,
+                                              Workspace& ws) {
+    QueryItem(g, seqs, args, row_delta, it, ops, ws);
+  });
+}
+
+template <typename T>
+void AttentionScores(const AttentionGeometry& g, const SequenceBand* seqs, const T* query,
+                     const T* key, float* scores, const int64_t score_strides[3],
+                     int64_t begin, int64_t end) {
+  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps& ops,
+                                              Workspace& ws) {
+    ScoresItem(g, seqs, query, key, scores, score_strides, it, ops, ws);
+  });
+}
+
+#define JAX_ROPE_INSTANTIATE(T)                                                               \
+  template void AttentionForward<T>(const AttentionGeometry&, const SequenceBand*,           \
+                                    const AttentionForwardArgs<T>&, int64_t, int64_t);       \
+  template void AttentionRowDelta<T>(const AttentionGeometry&, const SequenceBand*,          \
+                                     const AttentionBackwardArgs<T>&, float*, int64_t,       \
+                                     int64_t);                                               \
+  template void AttentionBackwardKeyValue<T>(const AttentionGeometry&, const SequenceBand*,  \
+                                             const AttentionBackwardArgs<T>&, const float*,  \
+                                             int64_t, int64_t);                              \
+  template void AttentionBackwardQuery<T>(const AttentionGeometry&, const SequenceBand*,     \
+                                          const AttentionBackwardArgs<T>&, const float*,     \
+                                          int64_t, int64_t);                                 \
+  template void AttentionScores<T>(const AttentionGeometry&, const SequenceBand*, const T*,  \
+                                   const T*, float*, const int64_t[3], int64_t, int64_t);
+JAX_ROPE_INSTANTIATE(float)
+JAX_ROPE_INSTANTIATE(BFloat16)
+JAX_ROPE_INSTANTIATE(Float16)
+#undef JAX_ROPE_INSTANTIATE
+
+}  // namespace jax_rope::cpu

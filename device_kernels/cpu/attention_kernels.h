@@ -1,0 +1,138 @@
+// Masked attention on the CPU (spec/attention.md): scores, a tiled
+// online-softmax forward and a recomputing backward that visit only tiles with
+// at least one visible position. Free of XLA.
+//
+// Every sparse_mode reduces to, per sequence, a visible column interval per
+// query row plus an optional element mask:
+//   row i (0-based within its sequence) sees key column j (0-based) when
+//     lo(i) <= j <= hi(i), with
+//     lo(i) = max(0, i + lo_off)
+//     hi(i) = min(kv_len - 1, max(i + hi_off, hi_floor))
+//   and, when an element mask is given, mask(b, n, i, j) == 0.
+// lo(i) and hi(i) never decrease with i, which makes tile classification O(1):
+// a (query block, key block) tile is empty, full (every position visible by the
+// interval and no element mask) or partial. The Python side fills one
+// SequenceBand per sequence (jax_rope/masks.py).
+#pragma once
+
+#include <cstdint>
+
+#include "device_kernels/cpu/float_convert.h"
+
+namespace jax_rope::cpu {
+
+// One row of the int32 sequence table (7 int32 values, in this order).
+struct SequenceBand {
+  int32_t q_start;   // first query row of the sequence along the sequence axis
+  int32_t q_len;     // query rows (0: empty sequence)
+  int32_t kv_start;  // first key row along the key sequence axis
+  int32_t kv_len;
+  int32_t lo_off;    // see above; very negative (-2^30) for "no lower limit"
+  int32_t hi_off;    // very positive (2^30) for "no upper limit"
+  int32_t hi_floor;  // -2^30 unless a prefix keeps columns [0, prefix) visible
+};
+
+// Element strides of a tensor seen as (batch, seq, head, dim); dim stride is 1.
+// For packed TND tensors batch == 0 and rows are addressed by q_start/kv_start.
+struct Strides3 {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t head = 0;
+};
+
+// Element mask (uint8, nonzero = masked) seen as (batch, head, row, col) with
+// row/col local to the sequence; stride 0 on broadcast axes. data == nullptr:
+// no element mask.
+struct ElementMask {
+  const uint8_t* data = nullptr;
+  int64_t batch = 0;
+  int64_t head = 0;
+  int64_t row = 0;
+  int64_t col = 1;
+};
+
+struct AttentionGeometry {
+  int64_t batch = 0;       // number of sequences (rows of the sequence table)
+  int64_t q_heads = 0;     // N1
+  int64_t kv_heads = 0;    // N2; N1 % N2 == 0, query head n uses kv head n / (N1 / N2)
+  int64_t head_dim = 0;    // D of query and key
+  int64_t value_dim = 0;   // Dv of value and output
+  float scale = 1.0f;
+  Strides3 q, k, v, out;   // out: also for dout; dq/dk/dv use q/k/v strides
+  Strides3 stats;          // softmax_max / softmax_sum (float32): dim axis absent
+  ElementMask mask;
+};
+
+// Float32 constants of the spec.
+constexpr float kMaskValue = -3.4028235e38f;   // masked score, and max of a dead row
+constexpr float kDeadRowSum = 3.4028235e38f;   // softmax_sum of a row with no visible key
+
+template <typename T>
+struct AttentionForwardArgs {
+  const T* query;
+  const T* key;
+  const T* value;
+  T* out;                 // rows of dead or out-of-sequence positions: zeros
+  float* softmax_max;
+  float* softmax_sum;
+};
+
+template <typename T>
+struct AttentionBackwardArgs {
+  const T* query;
+  const T* key;
+  const T* value;
+  const T* out;
+  const T* dout;
+  const float* softmax_max;
+  const float* softmax_sum;
+  T* dquery;
+  T* dkey;
+  T* dvalue;
+};
+
+// Forward work items: (sequence, query head, query block). The list depends on
+// the run-time sequence table; callers run [begin, end) of it in parallel.
+// Rows outside every sequence (TND padding beyond the last cumulative length)
+// are the caller's: it pre-fills out/dquery/dkey/dvalue with zeros and the
+// statistics with kMaskValue / kDeadRowSum there. The kernels write every row
+// inside a sequence, dead rows included.
+int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
+
+template <typename T>
+void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
+                      const AttentionForwardArgs<T>& args, int64_t begin, int64_t end);
+
+// Backward in three race-free passes over the same recomputed tiles:
+//   1. row_delta[b, n, i] = sum_d dout * out (laid out like softmax_max, through
+//      g.stats), over the forward's items;
+//   2. dkey and dvalue over (sequence, kv head, key block) items, each summing
+//      over the query heads of its group and the query blocks that see it;
+//   3. dquery over the forward's items.
+int64_t KeyBlockWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
+
+template <typename T>
+void AttentionRowDelta(const AttentionGeometry& g, const SequenceBand* seqs,
+                       const AttentionBackwardArgs<T>& args, float* row_delta, int64_t begin,
+                       int64_t end);
+
+template <typename T>
+void AttentionBackwardKeyValue(const AttentionGeometry& g, const SequenceBand* seqs,
+                               const AttentionBackwardArgs<T>& args, const float* row_delta,
+                               int64_t begin, int64_t end);
+
+template <typename T>
+void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs,
+                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            int64_t begin, int64_t end);
+
+// Masked scaled scores (float32): position (i, j) of sequence b and query head
+// n is scores[b * s[0] + n * s[1] + (q_start + i) * s[2] + (kv_start + j)]
+// with s = score_strides (s[0] == 0 for packed TND). The caller pre-fills the
+// whole output with kMaskValue; items are the forward's.
+template <typename T>
+void AttentionScores(const AttentionGeometry& g, const SequenceBand* seqs, const T* query,
+                     const T* key, float* scores, const int64_t score_strides[3],
+                     int64_t begin, int64_t end);
+
+}  // namespace jax_rope::cpu

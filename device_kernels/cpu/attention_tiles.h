@@ -1,0 +1,53 @@
+// Float32 tile routines behind the attention kernels: a register-blocked GEMM
+// and the softmax steps over score tiles. They are compiled for AVX-512, AVX2
+// and baseline x86-64 and picked once at run time, so one binary runs
+// everywhere and uses the widest vectors the CPU has.
+//
+// Buffer convention: row-major, leading dimensions in floats. Column counts
+// are rounded up to kTileAlign inside the routines, so every operand row must
+// be readable (and every output row writable) up to RoundUpToTile(cols).
+#pragma once
+
+#include <cstdint>
+
+namespace jax_rope::cpu {
+
+constexpr int64_t kTileAlign = 16;
+
+constexpr int64_t RoundUpToTile(int64_t n) { return (n + kTileAlign - 1) / kTileAlign * kTileAlign; }
+
+struct TileOps {
+  // C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], where A(i, p) is
+  // a[i * a_row + p * a_col] (a_row = 1, a_col = ld reads a stored transpose).
+  // B's columns from n up to RoundUpToTile(n) are read (keep them finite) and
+  // C's are written.
+  void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
+  // One online-softmax step of the forward over a transposed tile s of raw
+  // dot products (keys x queries, queries a multiple of kTileAlign, -inf where
+  // masked). Per query column: folds max(scale * s) into q_max (-inf: nothing
+  // seen yet), rescales q_sum and row q of `out` (the first out_rows rows,
+  // out_cols columns, a multiple of kTileAlign) by exp(old max - new max), adds
+  // sum exp(scale * s - new max) to q_sum and leaves those terms in s.
+  void (*softmax_step)(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
+                       float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_rows,
+                       int64_t out_cols);
+
+  // Backward on a tile (rows x cols, cols a multiple of kTileAlign) of raw dot
+  // products s (-inf where masked) and dp = dO . v: p = exp(scale * s - max) *
+  // inv_sum goes to s and p * (dp - delta) to dp. The statistics are indexed
+  // by row, or by column when the tile is transposed (keys along rows).
+  void (*softmax_grad)(float* s, float* dp, int64_t ld, int64_t rows, int64_t cols, float scale,
+                       const float* max, const float* inv_sum, const float* delta,
+                       bool stats_by_column);
+};
+
+// The routines for the best instruction set of this CPU.
+const TileOps& GetTileOps();
+
+// One instruction set's routines, or nullptr when this CPU lacks it (tests).
+enum class TileIsa { kAvx512, kAvx2, kBaseline };
+const TileOps* TileOpsFor(TileIsa isa);
+
+}  // namespace jax_rope::cpu

@@ -1,0 +1,111 @@
+"""Pure jax.numpy masked attention with the semantics of spec/attention.md.
+
+Dense (it builds the Sq x Skv scores), used wherever no kernel covers a call.
+Operands are in the kernels' canonical form: query/key/value with a head axis
+in layout BSND, SBND, BNSD or TND, the int32 sequence table of masks.py and an
+optional uint8 element mask (Bm, Nm, rows, cols).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_rope import masks
+from jax_rope.attention_options import AttentionOptions
+
+MASK_VALUE = jnp.float32(-3.4028235e38)
+DEAD_ROW_SUM = jnp.float32(3.4028235e38)
+
+
+def _to_bnsd(x, options):
+    """(B, N, S, D); packed TND becomes one batch of all tokens."""
+    roles = options.info.roles
+    if roles.batch is None:
+        return jnp.swapaxes(x, 0, 1)[None]
+    return jnp.moveaxis(x, (roles.batch, roles.head, roles.seq), (0, 1, 2))
+
+
+def _from_bnsd(x, options):
+    roles = options.info.roles
+    if roles.batch is None:
+        return jnp.swapaxes(x[0], 0, 1)
+    return jnp.moveaxis(x, (0, 1, 2), (roles.batch, roles.head, roles.seq))
+
+
+def _stats_layout(x, options):
+    """(B, N1, Sq) statistics; (Tq, N1) for TND."""
+    return jnp.swapaxes(x[0], 0, 1) if options.varlen else x
+
+
+def _stats_from_layout(x, options):
+    return jnp.swapaxes(x, 0, 1)[None] if options.varlen else x
+
+
+def _visibility(options, table, q_len, kv_len, mask):
+    if options.varlen:
+        return masks.packed_visibility(table, q_len, kv_len, mask)
+    return masks.padded_visibility(table, q_len, kv_len, mask)
+
+
+def _dense_scores(options, query, key, table, mask):
+    """Scaled float32 scores (B, N1, Sq, Skv) and visibility broadcastable to them."""
+    q = _to_bnsd(query, options).astype(jnp.float32)
+    k = _to_bnsd(key, options).astype(jnp.float32)
+    k = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+    scores = options.scale * jnp.einsum("bnqd,bnkd->bnqk", q, k)
+    return scores, _visibility(options, table, q.shape[2], k.shape[2], mask)
+
+
+def attention_scores(query, key, table, *mask, options: AttentionOptions):
+    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
+    scores = jnp.where(visible, scores, MASK_VALUE)
+    return scores[0] if options.varlen else scores
+
+
+def _probabilities(scores, visible, softmax_max, softmax_sum):
+    live = softmax_max > MASK_VALUE
+    safe_max = jnp.where(live, softmax_max, 0.0)[..., None]
+    p = jnp.where(visible, jnp.exp(scores - safe_max), 0.0)
+    return jnp.where(live[..., None], p / softmax_sum[..., None], 0.0)
+
+
+def attention_forward(query, key, value, table, *mask, options: AttentionOptions):
+    """(out, softmax_max, softmax_sum) with the spec's dead-row convention."""
+    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
+    visible = jnp.broadcast_to(visible, scores.shape)
+    live = visible.any(axis=-1)
+    row_max = jnp.where(live, jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1), MASK_VALUE)
+    p = jnp.where(visible, jnp.exp(scores - jnp.where(live, row_max, 0.0)[..., None]), 0.0)
+    row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
+    v = _to_bnsd(value, options).astype(jnp.float32)
+    v = jnp.repeat(v, scores.shape[1] // v.shape[1], axis=1)
+    out = jnp.einsum("bnqk,bnkd->bnqd", p, v) / row_sum[..., None]
+    out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
+    return (_from_bnsd(out, options), _stats_layout(row_max, options),
+            _stats_layout(row_sum, options))
+
+
+def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, table, *mask,
+                       options: AttentionOptions):
+    """(dquery, dkey, dvalue) from the saved statistics (P recomputed)."""
+    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
+    p = _probabilities(scores, visible, _stats_from_layout(softmax_max, options),
+                       _stats_from_layout(softmax_sum, options))
+    q = _to_bnsd(query, options).astype(jnp.float32)
+    k = _to_bnsd(key, options).astype(jnp.float32)
+    v = _to_bnsd(value, options).astype(jnp.float32)
+    o = _to_bnsd(out, options).astype(jnp.float32)
+    do = _to_bnsd(dout, options).astype(jnp.float32)
+    group = q.shape[1] // k.shape[1]
+    row_delta = jnp.sum(do * o, axis=-1, keepdims=True)
+    dp = jnp.einsum("bnqd,bnkd->bnqk", do, jnp.repeat(v, group, axis=1))
+    ds = p * (dp - row_delta)
+    dq = options.scale * jnp.einsum("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1))
+
+    def per_kv_head(x):  # (B, N1, ...) -> (B, N2, ...): sum over each group
+        return x.reshape((x.shape[0], k.shape[1], group) + x.shape[2:]).sum(axis=2)
+
+    dk = options.scale * per_kv_head(jnp.einsum("bnqk,bnqd->bnkd", ds, q))
+    dv = per_kv_head(jnp.einsum("bnqk,bnqd->bnkd", p, do))
+    return tuple(_from_bnsd(g.astype(x.dtype), options)
+                 for g, x in ((dq, query), (dk, key), (dv, value)))

@@ -1,0 +1,309 @@
+"""Attention options and validation: every rule of spec/attention.md, in one place.
+
+`attention_call(...)` checks a public call at trace time and returns the static
+options (a hashable primitive parameter) plus the canonical operands: query,
+key and value with a head axis (BSH/SBH split), and the lengths/prefix/mask as
+given. Length and prefix values are checked when they are concrete; traced
+ones are checked by the kernel at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+
+from jax_rope.layouts import ATTENTION_LAYOUTS, AttentionLayout
+from jax_rope.rope_options import check_dtypes
+
+MAX_TOKENS = 2147483647
+COMPRESSED_MASK_SHAPES = {2: (2048, 2048), 3: (2048, 2048), 4: (2048, 2048), 6: (3072, 2048),
+                          7: (2048, 2048), 8: (2048, 2048)}
+ELEMENT_MASK_MODES = (0, 1, 5)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions:
+    """Static configuration of one attention call (hashable: a primitive parameter)."""
+
+    layout: str
+    scale: float
+    sparse_mode: int
+    pre_tokens: int
+    next_tokens: int
+    has_mask: bool  # an element mask operand follows the sequence table
+    backend: str
+
+    @property
+    def info(self) -> AttentionLayout:
+        return ATTENTION_LAYOUTS[self.layout]
+
+    @property
+    def varlen(self) -> bool:
+        return self.layout == "TND"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSizes:
+    batch: int  # sequences (TND: len(actual_seq_qlen))
+    q_len: int  # Sq (TND: Tq)
+    kv_len: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int
+
+
+def _concrete(x):
+    """NumPy int64 values of x, or None when x is traced."""
+    if x is None:
+        return None
+    try:
+        return np.asarray(jax.extend.core.concrete_or_error(None, x), dtype=np.int64).reshape(-1)
+    except (jax.errors.ConcretizationTypeError, TypeError):
+        return None
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return int(value)
+
+
+def split_heads(x, info: AttentionLayout, heads: int):
+    """BSH/SBH (.., N*D) -> (.., N, D); other layouts unchanged."""
+    if not info.packed_heads:
+        return x
+    return x.reshape(x.shape[:-1] + (heads, x.shape[-1] // heads))
+
+
+def merge_heads(x, info: AttentionLayout):
+    return x.reshape(x.shape[:-2] + (-1,)) if info.packed_heads else x
+
+
+def _head_counts(info, query, key, value, head_num):
+    """(N1, N2) and the head-split shapes, checking head_num."""
+    if info.packed_heads:
+        if head_num is None:
+            raise ValueError(f"head_num is required for input_layout {info.name}, got None")
+        head_num = _check_int("head_num", head_num)
+        hq = query.shape[-1]
+        if head_num <= 0 or hq % head_num:
+            raise ValueError(
+                f"head_num must be a positive divisor of query's hidden size {hq}, got {head_num}")
+        d = hq // head_num
+        if key.shape[-1] % d:
+            raise ValueError(
+                f"key hidden size must be a multiple of the head dim {d}, got {key.shape[-1]}")
+        n2 = key.shape[-1] // d
+        if n2 == 0 or value.shape[-1] % n2:
+            raise ValueError(
+                f"value hidden size must be a multiple of the key head count {n2}, "
+                f"got {value.shape[-1]}")
+        return head_num, n2
+    roles = info.roles
+    n1, n2 = query.shape[roles.head], key.shape[roles.head]
+    if head_num is not None and _check_int("head_num", head_num) != n1:
+        raise ValueError(f"head_num must equal query's head count {n1}, got {head_num}")
+    if value.shape[roles.head] != n2:
+        raise ValueError(
+            f"value must have key's head count {n2} on axis {roles.head}, got shape {value.shape}")
+    return n1, n2
+
+
+def _check_shapes(info, query, key, value, n1, n2) -> AttentionSizes:
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(x.shape) != info.rank:
+            raise ValueError(f"{name} must have rank {info.rank} for input_layout {info.name}, "
+                             f"got shape {tuple(x.shape)}")
+        if info.name != "TND" and 0 in x.shape:
+            raise ValueError(f"{name} must not have an axis of size 0, got shape {tuple(x.shape)}")
+    q, k, v = (split_heads(x, info, n) for x, n in ((query, n1), (key, n2), (value, n2)))
+    roles = info.roles
+    if 0 in (n1, n2, q.shape[-1], v.shape[-1]):
+        raise ValueError(f"query/key/value must have heads and head dims, got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if n1 % n2:
+        raise ValueError(f"query heads N1={n1} must be a multiple of key/value heads N2={n2}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"key head dim must equal query head dim {q.shape[-1]}, got {k.shape[-1]}")
+    if v.shape[-1] > q.shape[-1]:
+        raise ValueError(f"value head dim Dv must be <= D={q.shape[-1]}, got {v.shape[-1]}")
+    if v.shape[roles.seq] != k.shape[roles.seq]:
+        raise ValueError(f"value must have key's sequence length {k.shape[roles.seq]}, "
+                         f"got shape {tuple(value.shape)}")
+    batch = 0
+    if roles.batch is not None:
+        batch = q.shape[roles.batch]
+        for name, x in (("key", k), ("value", v)):
+            if x.shape[roles.batch] != batch:
+                raise ValueError(f"{name} must have query's batch {batch}, "
+                                 f"got shape {tuple(x.shape)}")
+    return AttentionSizes(batch, q.shape[roles.seq], k.shape[roles.seq], n1, n2,
+                          q.shape[-1], v.shape[-1])
+
+
+def _check_lengths(sizes, actual_seq_qlen, actual_seq_kvlen, varlen):
+    """Sizes with the sequence count, and (Sq, Skv) per sequence: one pair for the
+    padded layouts, one per sequence for TND, None when the lengths are traced."""
+    if not varlen:
+        if actual_seq_qlen is not None or actual_seq_kvlen is not None:
+            raise ValueError("actual_seq_qlen/actual_seq_kvlen are for input_layout TND only, "
+                             "got lengths with a padded layout")
+        return sizes, [(sizes.q_len, sizes.kv_len)]
+    for name, x in (("actual_seq_qlen", actual_seq_qlen), ("actual_seq_kvlen", actual_seq_kvlen)):
+        if x is None:
+            raise ValueError(f"{name} is required for input_layout TND, got None")
+        if len(np.shape(x)) != 1 or np.shape(x)[0] == 0:
+            raise ValueError(f"{name} must be a non-empty 1-D sequence of cumulative lengths, "
+                             f"got shape {np.shape(x)}")
+    if np.shape(actual_seq_qlen) != np.shape(actual_seq_kvlen):
+        raise ValueError("actual_seq_kvlen must have the length of actual_seq_qlen "
+                         f"{np.shape(actual_seq_qlen)[0]}, got {np.shape(actual_seq_kvlen)[0]}")
+    lengths = []
+    for name, x, total in (("actual_seq_qlen", actual_seq_qlen, sizes.q_len),
+                           ("actual_seq_kvlen", actual_seq_kvlen, sizes.kv_len)):
+        values = _concrete(x)
+        if values is not None:
+            if values.min() < 0 or np.any(np.diff(values) < 0) or values[-1] > total:
+                raise ValueError(f"{name} must be non-decreasing cumulative ends in [0, {total}], "
+                                 f"got {values.tolist()}")
+            values = np.diff(values, prepend=0)
+        lengths.append(values)
+    sizes = dataclasses.replace(sizes, batch=np.shape(actual_seq_qlen)[0])
+    if lengths[0] is None or lengths[1] is None:
+        return sizes, None
+    return sizes, [(int(a), int(b)) for a, b in zip(*lengths)]
+
+
+def _check_band(pre, nxt, q_len, kv_len, where):
+    if pre < 0 and nxt < 0:
+        raise ValueError(f"pre_tokens and next_tokens must not both be negative{where}, "
+                         f"got {pre} and {nxt}")
+    if pre < 0 and not (nxt >= -pre and -pre < kv_len):
+        raise ValueError(f"pre_tokens {pre} < 0 needs next_tokens >= {-pre} and "
+                         f"-pre_tokens < Skv={kv_len}{where}, got next_tokens {nxt}")
+    if nxt < 0 and not (-nxt <= pre and -nxt < q_len):
+        raise ValueError(f"next_tokens {nxt} < 0 needs pre_tokens >= {-nxt} and "
+                         f"-next_tokens < Sq={q_len}{where}, got pre_tokens {pre}")
+
+
+def _check_tokens(mode, pre, nxt, pairs, has_user_mask):
+    """The band rules after conversion to top-left, and the mode 7/8 rules."""
+    if pairs is None:  # traced varlen lengths: only what needs no length
+        if (mode == 4 or (mode == 0 and has_user_mask)) and pre < 0 and nxt < 0:
+            _check_band(pre, nxt, 1, 1, "")
+        return
+    if mode == 4 or (mode == 0 and has_user_mask):
+        for idx, (sq, skv) in enumerate(pairs):
+            if sq == 0 or skv == 0:
+                continue
+            delta = skv - sq if mode == 4 else 0
+            where = f" (sequence {idx})" if len(pairs) > 1 else ""
+            _check_band(pre - delta, nxt + delta, sq, skv, where)
+    if mode in (7, 8):
+        nonempty = [p for p in pairs if p[0] > 0]
+        if not nonempty:
+            return
+        sq, skv = nonempty[-1] if mode == 7 else nonempty[0]
+        which = "last" if mode == 7 else "first"
+        if pre < skv:
+            raise ValueError(f"pre_tokens must be >= the {which} sequence's Skv={skv} "
+                             f"in sparse_mode {mode}, got {pre}")
+        low, high = sq - skv, (0 if mode == 7 else None)
+        if nxt < low or (high is not None and nxt > high):
+            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"next_tokens must be {bound} (from the {which} sequence, "
+                             f"Sq={sq}, Skv={skv}) in sparse_mode {mode}, got {nxt}")
+
+
+def _check_prefix(prefix, mode, sizes, pairs):
+    if mode not in (5, 6):
+        return None
+    if prefix is None:
+        raise ValueError(f"prefix is required for sparse_mode {mode}, got None")
+    if len(np.shape(prefix)) != 1 or np.shape(prefix)[0] != sizes.batch:
+        raise ValueError(f"prefix must be a sequence of length B={sizes.batch}, "
+                         f"got shape {np.shape(prefix)}")
+    values = _concrete(prefix)
+    if values is not None:
+        if len(pairs) == 1:
+            pairs = pairs * sizes.batch
+        for b, (value, (sq, skv)) in enumerate(zip(values, pairs)):
+            if not max(skv - sq, 0) <= value <= skv:
+                raise ValueError(f"prefix[{b}] must be in [{max(skv - sq, 0)}, {skv}], "
+                                 f"got {int(value)}")
+    return prefix
+
+
+def _check_mask(atten_mask, mode, sizes, varlen, pairs):
+    """Returns the element mask to apply (uint8, 4-D) or None."""
+    if atten_mask is None:
+        if mode in (1, 5):
+            raise ValueError(f"atten_mask is required for sparse_mode {mode}, got None")
+        return None
+    if not hasattr(atten_mask, "shape") or jnp.dtype(atten_mask.dtype) not in (
+            jnp.dtype(bool), jnp.dtype(jnp.uint8)):
+        raise TypeError(f"atten_mask must be a bool or uint8 array, got "
+                        f"{getattr(atten_mask, 'dtype', type(atten_mask).__name__)}")
+    shape = tuple(atten_mask.shape)
+    if mode in COMPRESSED_MASK_SHAPES:
+        if shape != COMPRESSED_MASK_SHAPES[mode]:
+            raise ValueError(f"atten_mask in sparse_mode {mode} must be the compressed "
+                             f"{COMPRESSED_MASK_SHAPES[mode]} mask or None, got shape {shape}")
+        return None  # the geometry comes from the mode alone
+    if varlen:
+        ok = len(shape) == 2
+        if ok and pairs is not None:
+            ok = shape[0] >= max(p[0] for p in pairs) and shape[1] >= max(p[1] for p in pairs)
+        expected = "(maxSq, maxSkv)"
+    else:
+        sq, skv, b, n1 = sizes.q_len, sizes.kv_len, sizes.batch, sizes.q_heads
+        ok = shape in ((sq, skv), (1, 1, sq, skv), (b, 1, sq, skv), (b, n1, sq, skv))
+        expected = f"({sq}, {skv}), (1, 1, {sq}, {skv}), ({b}, 1, {sq}, {skv}) or ({b}, {n1}, {sq}, {skv})"
+    if not ok:
+        raise ValueError(f"atten_mask must have shape {expected}, got {shape}")
+    mask = atten_mask.astype(jnp.uint8) if jnp.dtype(atten_mask.dtype) == bool else atten_mask
+    return mask[None, None] if mask.ndim == 2 else mask
+
+
+def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_mode,
+                   pre_tokens, next_tokens, atten_mask, prefix, actual_seq_qlen,
+                   actual_seq_kvlen, backend, needs_value=True):
+    """Validates a public call; returns (options, sizes, (q, k, v) with heads, mask, prefix)."""
+    if not isinstance(input_layout, str) or input_layout not in ATTENTION_LAYOUTS:
+        raise ValueError(f"input_layout must be one of {sorted(ATTENTION_LAYOUTS)}, "
+                         f"got {input_layout!r}")
+    info = ATTENTION_LAYOUTS[input_layout]
+    mode = _check_int("sparse_mode", sparse_mode)
+    if not 0 <= mode <= 8:
+        raise ValueError(f"sparse_mode must be in 0..8, got {mode}")
+    if mode in (7, 8) and not info.name == "TND":
+        raise ValueError(f"sparse_mode {mode} needs input_layout TND, got {info.name}")
+    if mode == 5 and info.name == "TND":
+        raise ValueError("sparse_mode 5 is not supported with input_layout TND")
+    pre = _check_int("pre_tokens", pre_tokens)
+    nxt = _check_int("next_tokens", next_tokens)
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+    named = [("query", query), ("key", key)] + ([("value", value)] if needs_value else [])
+    check_dtypes(named)
+    n1, n2 = _head_counts(info, query, key, value, head_num)
+    sizes = _check_shapes(info, query, key, value, n1, n2)
+    varlen = info.name == "TND"
+    sizes, pairs = _check_lengths(sizes, actual_seq_qlen, actual_seq_kvlen, varlen)
+    mask = _check_mask(atten_mask, mode, sizes, varlen, pairs)
+    _check_tokens(mode, pre, nxt, pairs, mask is not None)
+    prefix = _check_prefix(prefix, mode, sizes, pairs)
+    if scale is None:
+        scale = 1.0 / math.sqrt(sizes.head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
+        raise TypeError(f"scale must be a float or None, got {scale!r}")
+    options = AttentionOptions(info.name, float(scale), mode, pre, nxt, mask is not None, backend)
+    heads = tuple(split_heads(x, info, n) for x, n in ((query, n1), (key, n2), (value, n2)))
+    return options, sizes, heads, mask, prefix

@@ -1,0 +1,179 @@
+"""Mask geometry: every sparse_mode as a per-sequence band.
+
+Each sequence b gets one row of an int32 table (the kernels' `SequenceBand`):
+    q_start, q_len, kv_start, kv_len, lo_off, hi_off, hi_floor
+and query row i (0-based in its sequence) sees key column j when
+    max(0, i + lo_off) <= j <= min(kv_len - 1, max(i + hi_off, hi_floor))
+and the element mask, where one is given, is 0 at (i, j). Both limits never
+decrease with i, so a kernel classifies a (query block, key block) tile as
+empty, partial or full in O(1) and never touches an empty one; the S x S mask
+never exists. The table is computed with jax.numpy, so varlen lengths may be
+traced: new lengths mean a new table, not a new compilation.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_rope import attention_options
+from jax_rope.attention_options import AttentionOptions
+
+UNLIMITED = 1 << 30  # beyond any sequence length; keeps int32 sums exact
+TABLE_COLUMNS = ("q_start", "q_len", "kv_start", "kv_len", "lo_off", "hi_off", "hi_floor")
+
+
+def _clip(x):
+    return jnp.clip(x, -UNLIMITED, UNLIMITED)
+
+
+def _starts_and_lengths(cumulative):
+    ends = jnp.asarray(cumulative, jnp.int32).reshape(-1)
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    return starts, ends - starts
+
+
+def sequence_table(options: AttentionOptions, batch: int, q_len: int, kv_len: int, *,
+                   prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None):
+    """The (batch, 7) int32 band table of spec/attention.md's sparse modes."""
+    if options.varlen:
+        q_start, q_lens = _starts_and_lengths(actual_seq_qlen)
+        kv_start, kv_lens = _starts_and_lengths(actual_seq_kvlen)
+    else:
+        q_start = kv_start = jnp.zeros((batch,), jnp.int32)
+        q_lens = jnp.full((batch,), q_len, jnp.int32)
+        kv_lens = jnp.full((batch,), kv_len, jnp.int32)
+    delta = kv_lens - q_lens
+    pre = min(options.pre_tokens, UNLIMITED)
+    nxt = max(min(options.next_tokens, UNLIMITED), -UNLIMITED)
+    none = jnp.full((batch,), -UNLIMITED, jnp.int32)
+    every = jnp.full((batch,), UNLIMITED, jnp.int32)
+    lo, hi, floor = none, every, none
+    mode = options.sparse_mode
+    if mode == 0 and options.has_mask:
+        lo, hi = jnp.full_like(lo, -pre), jnp.full_like(hi, nxt)
+    elif mode == 2:
+        hi = jnp.zeros_like(hi)
+    elif mode == 3:
+        hi = delta
+    elif mode == 4:
+        lo, hi = delta - pre, nxt + delta
+    elif mode in (5, 6):
+        hi = delta
+        floor = jnp.asarray(prefix, jnp.int32).reshape(-1) - 1
+    elif mode in (7, 8):
+        nonempty = q_lens > 0
+        index = jnp.arange(batch)
+        if mode == 7:  # the last non-empty sequence carries the band
+            band = index == jnp.max(jnp.where(nonempty, index, -1))
+            hi = jnp.where(band, nxt + delta, delta)
+        else:  # the first non-empty sequence carries the band
+            band = index == jnp.min(jnp.where(nonempty, index, batch))
+            hi = jnp.where(band, nxt + delta, 0)
+    columns = [q_start, q_lens, kv_start, kv_lens, _clip(lo), _clip(hi), _clip(floor)]
+    return jnp.stack([jnp.broadcast_to(c, (batch,)).astype(jnp.int32) for c in columns], axis=1)
+
+
+def visible_columns(table, rows):
+    """Per sequence and local row: the inclusive visible column interval (lo, hi)."""
+    i = rows[None, :]
+    lo = jnp.maximum(0, i + table[:, 4:5])
+    hi = jnp.minimum(table[:, 3:4] - 1, jnp.maximum(i + table[:, 5:6], table[:, 6:7]))
+    return lo, hi
+
+
+def padded_visibility(table, q_len: int, kv_len: int, mask=None):
+    """Visible positions (True = visible) of the padded layouts: (B, Nm, Sq, Skv)."""
+    lo, hi = visible_columns(table, jnp.arange(q_len))
+    j = jnp.arange(kv_len)
+    visible = (j >= lo[..., None]) & (j <= hi[..., None])
+    visible = visible[:, None]
+    if mask is not None:
+        visible = visible & (mask == 0)
+    return visible
+
+
+def packed_visibility(table, q_tokens: int, kv_tokens: int, mask=None):
+    """Visible positions over packed TND tokens: (1, Nm, Tq, Tkv); different
+    sequences (and tokens beyond the last length) never see each other."""
+    q_seq, q_row = _token_owner(table[:, 0], table[:, 1], q_tokens)
+    kv_seq, kv_col = _token_owner(table[:, 2], table[:, 3], kv_tokens)
+    row_table = table[jnp.clip(q_seq, 0, table.shape[0] - 1)]
+    lo = jnp.maximum(0, q_row + row_table[:, 4])
+    hi = jnp.minimum(row_table[:, 3] - 1, jnp.maximum(q_row + row_table[:, 5], row_table[:, 6]))
+    visible = ((q_seq[:, None] == kv_seq[None, :]) & (q_seq[:, None] >= 0)
+               & (kv_col[None, :] >= lo[:, None]) & (kv_col[None, :] <= hi[:, None]))
+    visible = visible[None, None]
+    if mask is not None:
+        rows = jnp.clip(q_row, 0, mask.shape[2] - 1)
+        cols = jnp.clip(kv_col, 0, mask.shape[3] - 1)
+        visible = visible & (mask[:, :, rows[:, None], cols[None, :]] == 0)
+    return visible
+
+
+def _token_owner(starts, lengths, tokens: int):
+    """Sequence index (-1: none) and position within it of each packed token."""
+    t = jnp.arange(tokens)[:, None]
+    inside = (t >= starts[None, :]) & (t < (starts + lengths)[None, :])
+    owner = jnp.where(inside.any(axis=1), jnp.argmax(inside, axis=1), -1)
+    position = t[:, 0] - starts[jnp.clip(owner, 0, starts.shape[0] - 1)]
+    return owner, position
+
+
+def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=2147483647, next_tokens=2147483647,
+                prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, atten_mask=None):
+    """The dense boolean mask of a sparse_mode (True = masked out), for inspection.
+
+    Returns (B or 1, Sq, Skv) for the padded layouts (B from prefix or atten_mask;
+    (B, N1, Sq, Skv) when atten_mask has a head axis) and (Tq, Tkv) over the packed
+    tokens when actual_seq_qlen/actual_seq_kvlen are given (q_len/kv_len may then
+    be None: the last cumulative lengths). Validation as in flash_attention_score.
+    """
+    varlen = actual_seq_qlen is not None or actual_seq_kvlen is not None
+    if varlen:
+        q_len = int(np.asarray(actual_seq_qlen)[-1]) if q_len is None else q_len
+        kv_len = int(np.asarray(actual_seq_kvlen)[-1]) if kv_len is None else kv_len
+    batch = 1
+    for x in (prefix, atten_mask):
+        if not varlen and x is not None and np.ndim(x) in (1, 4):
+            batch = max(batch, np.shape(x)[0])
+    shape_q = (q_len, 1, 1) if varlen else (batch, q_len, 1, 1)
+    shape_kv = (kv_len, 1, 1) if varlen else (batch, kv_len, 1, 1)
+    heads = np.shape(atten_mask)[1] if atten_mask is not None and np.ndim(atten_mask) == 4 else 1
+    query = jnp.zeros(shape_q[:-2] + (heads, 1), jnp.float32)
+    key = jnp.zeros(shape_kv, jnp.float32)
+    options, sizes, _, mask, prefix = attention_options.attention_call(
+        query, key, key, input_layout="TND" if varlen else "BSND", head_num=None, scale=None,
+        sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
+        atten_mask=atten_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
+        actual_seq_kvlen=actual_seq_kvlen, backend="fallback")
+    table = sequence_table(options, sizes.batch, q_len, kv_len, prefix=prefix,
+                           actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen)
+    if varlen:
+        return ~packed_visibility(table, q_len, kv_len, mask)[0, 0]
+    visible = padded_visibility(table, q_len, kv_len, mask)
+    return ~(visible[:, 0] if visible.shape[1] == 1 else visible)
+
+
+def tile_classes(table, q_len: int, kv_len: int, block_q: int, block_kv: int,
+                 has_mask: bool = False):
+    """Per sequence, (query block, key block) classes: 0 empty, 1 partial, 2 full.
+
+    The rule the kernels apply (NumPy, for inspection and tests).
+    """
+    table = np.asarray(table, np.int64)
+    nq, nk = -(-q_len // block_q), -(-kv_len // block_kv)
+    classes = np.zeros((table.shape[0], nq, nk), np.int8)
+    for b, (_, q_n, _, kv_n, lo_off, hi_off, floor) in enumerate(table):
+        lo = lambda i: max(0, i + lo_off)
+        hi = lambda i: min(kv_n - 1, max(i + hi_off, floor))
+        for qb in range(-(-q_n // block_q)):
+            r0, r1 = qb * block_q, min(q_n, (qb + 1) * block_q) - 1
+            for kb in range(-(-kv_n // block_kv)):
+                c0, c1 = kb * block_kv, min(kv_n, (kb + 1) * block_kv) - 1
+                rows = range(r0, r1 + 1)
+                if all(hi(i) < c0 or lo(i) > c1 or lo(i) > hi(i) for i in rows):
+                    continue
+                full = not has_mask and lo(r1) <= c0 and hi(r0) >= c1
+                classes[b, qb, kb] = 2 if full else 1
+    return classes

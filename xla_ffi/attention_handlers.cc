@@ -1,0 +1,335 @@
+// XLA FFI handlers for masked attention: decode buffers and attributes into an
+// AttentionGeometry, re-check every shape and the run-time sequence table
+// (varlen lengths may be traced, so only here are their values known), and run
+// the tiled kernels of device_kernels/cpu on XLA's thread pool.
+#include "xla_ffi/attention_handlers.h"
+
+#include <algorithm>
+#include <atomic>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/layout_roles.h"
+#include "xla_ffi/dtype_dispatch.h"
+#include "xla_ffi/parallel.h"
+
+namespace ffi = xla::ffi;
+
+namespace jax_rope::ffi_support {
+namespace {
+
+using cpu::AttentionGeometry;
+using cpu::AxisRoles;
+using cpu::SequenceBand;
+
+std::vector<int64_t> DimsOf(const ffi::AnyBuffer& buffer) {
+  auto dims = buffer.dimensions();
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+template <typename T>
+T* Data(const ffi::AnyBuffer& buffer) {
+  return static_cast<T*>(buffer.untyped_data());
+}
+
+ffi::Error Fail(const std::string& message) {
+  return ffi::Error::InvalidArgument("jax_rope attention: " + message);
+}
+
+cpu::Strides3 StridesOf(const std::vector<int64_t>& dims, const AxisRoles& roles) {
+  const std::vector<int64_t> strides = cpu::RowMajorStrides(dims);
+  return {roles.batch < 0 ? 0 : strides[roles.batch], strides[roles.seq], strides[roles.head]};
+}
+
+// Everything a handler needs, checked once.
+struct Decoded {
+  AttentionGeometry geometry;
+  const SequenceBand* seqs = nullptr;
+  int64_t q_rows = 0;   // Sq or Tq
+  int64_t kv_rows = 0;  // Skv or Tkv
+  bool packed = false;
+};
+
+ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyBuffer& query,
+                  const ffi::AnyBuffer& key, const std::vector<int64_t>& value_dims,
+                  const ffi::Buffer<ffi::S32>& table, const ffi::Buffer<ffi::U8>& mask,
+                  Decoded* out) {
+  AxisRoles roles;
+  if (!cpu::LayoutRoles(layout, &roles)) return Fail("unknown layout code " + std::to_string(layout));
+  const std::vector<int64_t> q = DimsOf(query), k = DimsOf(key);
+  if (static_cast<int>(q.size()) != roles.rank || static_cast<int>(k.size()) != roles.rank ||
+      static_cast<int>(value_dims.size()) != roles.rank) {
+    return Fail("query, key and value must have rank " + std::to_string(roles.rank));
+  }
+  if (query.element_type() != key.element_type()) return Fail("key must have query's dtype");
+  AttentionGeometry& g = out->geometry;
+  out->packed = roles.batch < 0;
+  g.batch = cpu::RoleSize(q, roles.batch);
+  g.q_heads = q[roles.head];
+  g.kv_heads = k[roles.head];
+  g.head_dim = q.back();
+  g.value_dim = value_dims.back();
+  g.scale = scale;
+  out->q_rows = q[roles.seq];
+  out->kv_rows = k[roles.seq];
+  if (cpu::RoleSize(k, roles.batch) != g.batch || cpu::RoleSize(value_dims, roles.batch) != g.batch ||
+      value_dims[roles.seq] != out->kv_rows || value_dims[roles.head] != g.kv_heads) {
+    return Fail("key and value must agree with query on batch and with each other on rows/heads");
+  }
+  if (g.kv_heads <= 0 || g.q_heads % g.kv_heads != 0) return Fail("N1 must be a multiple of N2");
+  if (k.back() != g.head_dim || g.value_dim > g.head_dim) return Fail("need D(key) == D(query) and Dv <= D");
+  g.q = StridesOf(q, roles);
+  g.k = StridesOf(k, roles);
+  g.v = StridesOf(value_dims, roles);
+  std::vector<int64_t> out_dims = q;
+  out_dims.back() = g.value_dim;
+  g.out = StridesOf(out_dims, roles);
+  g.stats = out->packed ? cpu::Strides3{0, g.q_heads, 1}
+                        : cpu::Strides3{g.q_heads * out->q_rows, 1, out->q_rows};
+  // The sequence table: one row per sequence, ranges inside the tensors.
+  auto table_dims = table.dimensions();
+  if (table_dims.size() != 2 || table_dims[1] != 7 ||
+      (!out->packed && table_dims[0] != g.batch)) {
+    return Fail("sequence table must be int32 (B, 7) with a row per batch entry");
+  }
+  g.batch = table_dims[0];
+  out->seqs = reinterpret_cast<const SequenceBand*>(table.typed_data());
+  int64_t max_q = 0, max_kv = 0;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const SequenceBand& s = out->seqs[b];
+    if (s.q_start < 0 || s.q_len < 0 || s.q_start + int64_t{s.q_len} > out->q_rows ||
+        s.kv_start < 0 || s.kv_len < 0 || s.kv_start + int64_t{s.kv_len} > out->kv_rows ||
+        (!out->packed && (s.q_start != 0 || s.kv_start != 0))) {
+      return Fail("sequence " + std::to_string(b) + " lies outside the tensors (actual_seq_qlen/"
+                  "actual_seq_kvlen must be non-decreasing and end within Tq/Tkv)");
+    }
+    max_q = std::max<int64_t>(max_q, s.q_len);
+    max_kv = std::max<int64_t>(max_kv, s.kv_len);
+  }
+  if (has_mask) {
+    auto m = mask.dimensions();
+    if (m.size() != 4 || (m[0] != 1 && m[0] != g.batch) || (m[1] != 1 && m[1] != g.q_heads) ||
+        m[2] < max_q || m[3] < max_kv) {
+      return Fail("atten_mask must be (1 or B, 1 or N1, rows, cols) covering every sequence");
+    }
+    g.mask.data = mask.typed_data();
+    g.mask.batch = m[0] == 1 ? 0 : m[1] * m[2] * m[3];
+    g.mask.head = m[1] == 1 ? 0 : m[2] * m[3];
+    g.mask.row = m[3];
+    g.mask.col = 1;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckResult(const ffi::AnyBuffer& result, const std::vector<int64_t>& dims,
+                       ffi::DataType dtype, const char* name) {
+  if (DimsOf(result) != dims || result.element_type() != dtype) {
+    return Fail(std::string(name) + " has an unexpected shape or dtype");
+  }
+  return ffi::Error::Success();
+}
+
+std::vector<int64_t> StatsDims(const Decoded& d) {
+  const AttentionGeometry& g = d.geometry;
+  if (d.packed) return {d.q_rows, g.q_heads};
+  return {g.batch, g.q_heads, d.q_rows};
+}
+
+template <typename T>
+void Fill(T* data, size_t count, T value) {
+  std::fill(data, data + count, value);
+}
+
+// ParallelFor for kernels that allocate their scratch: an allocation failure in
+// any chunk becomes an FFI error instead of terminating the process.
+template <typename Fn>
+ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, const Fn& fn) {
+  std::atomic<bool> failed{false};
+  ParallelFor(pool, n, 1, [&](int64_t begin, int64_t end) {
+    try {
+      fn(begin, end);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
+  });
+  return failed ? ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                             "jax_rope attention: out of memory for kernel scratch")
+                : ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error AttentionForwardImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
+                                ffi::AnyBuffer value, ffi::Buffer<ffi::S32> table,
+                                ffi::Buffer<ffi::U8> mask, ffi::Result<ffi::AnyBuffer> out,
+                                ffi::Result<ffi::AnyBuffer> softmax_max,
+                                ffi::Result<ffi::AnyBuffer> softmax_sum, int32_t layout,
+                                float scale, int32_t has_mask) {
+  Decoded d;
+  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
+      e.failure()) {
+    return e;
+  }
+  if (value.element_type() != query.element_type()) return Fail("value must have query's dtype");
+  std::vector<int64_t> out_dims = DimsOf(query);
+  out_dims.back() = d.geometry.value_dim;
+  for (auto [buffer, dims, dtype, name] :
+       {std::tuple{&*out, out_dims, query.element_type(), "attention_out"},
+        std::tuple{&*softmax_max, StatsDims(d), ffi::DataType::F32, "softmax_max"},
+        std::tuple{&*softmax_sum, StatsDims(d), ffi::DataType::F32, "softmax_sum"}}) {
+    if (auto e = CheckResult(*buffer, dims, dtype, name); e.failure()) return e;
+  }
+  const AttentionGeometry& g = d.geometry;
+  ffi::Error status = ffi::Error::Success();
+  ffi::Error dispatched = DispatchFloat("attention forward", query.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    const cpu::AttentionForwardArgs<T> args{Data<T>(query), Data<T>(key), Data<T>(value),
+                                            Data<T>(*out), Data<float>(*softmax_max),
+                                            Data<float>(*softmax_sum)};
+    if (d.packed) {  // rows outside every sequence keep these values
+      Fill(args.out, out->element_count(), cpu::FromFloat<T>(0.0f));
+      Fill(args.softmax_max, softmax_max->element_count(), cpu::kMaskValue);
+      Fill(args.softmax_sum, softmax_sum->element_count(), cpu::kDeadRowSum);
+    }
+    status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+      cpu::AttentionForward(g, d.seqs, args, b, e);
+    });
+  });
+  return dispatched.failure() ? std::move(dispatched) : std::move(status);
+}
+
+ffi::Error AttentionScoresImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
+                               ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::U8> mask,
+                               ffi::Result<ffi::AnyBuffer> scores, int32_t layout, float scale,
+                               int32_t has_mask) {
+  Decoded d;
+  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(key), table, mask, &d);
+      e.failure()) {
+    return e;
+  }
+  const AttentionGeometry& g = d.geometry;
+  const std::vector<int64_t> dims =
+      d.packed ? std::vector<int64_t>{g.q_heads, d.q_rows, d.kv_rows}
+               : std::vector<int64_t>{g.batch, g.q_heads, d.q_rows, d.kv_rows};
+  if (auto e = CheckResult(*scores, dims, ffi::DataType::F32, "scores"); e.failure()) return e;
+  const int64_t strides[3] = {d.packed ? 0 : g.q_heads * d.q_rows * d.kv_rows,
+                              d.q_rows * d.kv_rows, d.kv_rows};
+  float* data = Data<float>(*scores);
+  Fill(data, scores->element_count(), cpu::kMaskValue);
+  ffi::Error status = ffi::Error::Success();
+  ffi::Error dispatched = DispatchFloat("attention scores", query.element_type(), [&](auto tag) {
+    using T = decltype(tag);
+    status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+      cpu::AttentionScores(g, d.seqs, Data<T>(query), Data<T>(key), data, strides, b, e);
+    });
+  });
+  return dispatched.failure() ? std::move(dispatched) : std::move(status);
+}
+
+ffi::Error AttentionBackwardImpl(
+    ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key, ffi::AnyBuffer value,
+    ffi::AnyBuffer out, ffi::AnyBuffer dout, ffi::AnyBuffer softmax_max,
+    ffi::AnyBuffer softmax_sum, ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::U8> mask,
+    ffi::Result<ffi::AnyBuffer> dquery, ffi::Result<ffi::AnyBuffer> dkey,
+    ffi::Result<ffi::AnyBuffer> dvalue, int32_t layout, float scale, int32_t has_mask) {
+  Decoded d;
+  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
+      e.failure()) {
+    return e;
+  }
+  const ffi::DataType dtype = query.element_type();
+  std::vector<int64_t> out_dims = DimsOf(query);
+  out_dims.back() = d.geometry.value_dim;
+  for (auto [buffer, dims, type, name] :
+       {std::tuple{&value, DimsOf(value), dtype, "value"},
+        std::tuple{&out, out_dims, dtype, "attention_out"},
+        std::tuple{&dout, out_dims, dtype, "grad of attention_out"},
+        std::tuple{&softmax_max, StatsDims(d), ffi::DataType::F32, "softmax_max"},
+        std::tuple{&softmax_sum, StatsDims(d), ffi::DataType::F32, "softmax_sum"},
+        std::tuple{&*dquery, DimsOf(query), dtype, "dquery"},
+        std::tuple{&*dkey, DimsOf(key), dtype, "dkey"},
+        std::tuple{&*dvalue, DimsOf(value), dtype, "dvalue"}}) {
+    if (auto e = CheckResult(*buffer, dims, type, name); e.failure()) return e;
+  }
+  const AttentionGeometry& g = d.geometry;
+  ffi::Error status = ffi::Error::Success();
+  ffi::Error dispatched = DispatchFloat("attention backward", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const cpu::AttentionBackwardArgs<T> args{
+        Data<T>(query),          Data<T>(key),           Data<T>(value),  Data<T>(out),
+        Data<T>(dout),           Data<float>(softmax_max), Data<float>(softmax_sum),
+        Data<T>(*dquery),        Data<T>(*dkey),         Data<T>(*dvalue)};
+    if (d.packed) {  // rows outside every sequence get zero gradient
+      for (auto* buffer : {&*dquery, &*dkey, &*dvalue}) {
+        Fill(Data<T>(*buffer), buffer->element_count(), cpu::FromFloat<T>(0.0f));
+      }
+    }
+    std::vector<float> row_delta(softmax_max.element_count(), 0.0f);
+    float* delta = row_delta.data();
+    const int64_t query_items = cpu::ForwardWorkItems(g, d.seqs);
+    status = GuardedParallelFor(pool, query_items, [&](int64_t b, int64_t e) {
+      cpu::AttentionRowDelta(g, d.seqs, args, delta, b, e);
+    });
+    if (status.success()) {
+      status = GuardedParallelFor(pool, cpu::KeyBlockWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+        cpu::AttentionBackwardKeyValue(g, d.seqs, args, delta, b, e);
+      });
+    }
+    if (status.success()) {
+      status = GuardedParallelFor(pool, query_items, [&](int64_t b, int64_t e) {
+        cpu::AttentionBackwardQuery(g, d.seqs, args, delta, b, e);
+      });
+    }
+  });
+  return dispatched.failure() ? std::move(dispatched) : std::move(status);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionForward, AttentionForwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // query
+                                  .Arg<ffi::AnyBuffer>()         // key
+                                  .Arg<ffi::AnyBuffer>()         // value
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Ret<ffi::AnyBuffer>()         // attention_out
+                                  .Ret<ffi::AnyBuffer>()         // softmax_max
+                                  .Ret<ffi::AnyBuffer>()         // softmax_sum
+                                  .Attr<int32_t>("layout")
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_mask"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionScores, AttentionScoresImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // query
+                                  .Arg<ffi::AnyBuffer>()         // key
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Ret<ffi::AnyBuffer>()         // scores
+                                  .Attr<int32_t>("layout")
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_mask"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionBackward, AttentionBackwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // query
+                                  .Arg<ffi::AnyBuffer>()         // key
+                                  .Arg<ffi::AnyBuffer>()         // value
+                                  .Arg<ffi::AnyBuffer>()         // attention_out
+                                  .Arg<ffi::AnyBuffer>()         // grad of attention_out
+                                  .Arg<ffi::AnyBuffer>()         // softmax_max
+                                  .Arg<ffi::AnyBuffer>()         // softmax_sum
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Ret<ffi::AnyBuffer>()         // dquery
+                                  .Ret<ffi::AnyBuffer>()         // dkey
+                                  .Ret<ffi::AnyBuffer>()         // dvalue
+                                  .Attr<int32_t>("layout")
+                                  .Attr<float>("scale")
+                                  .Attr<int32_t>("has_mask"));
+
+}  // namespace jax_rope::ffi_support
