@@ -5,12 +5,17 @@ import argparse
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m jax_rope")
-    parser.add_argument("command", choices=["info", "demo"], help="what to run")
+    parser.add_argument("command", choices=["info", "demo", "masks"], help="what to run")
     args = parser.parse_args(argv)
     if args.command == "info":
         from jax_rope import describe
 
         print(describe())
+        return 0
+    if args.command == "masks":
+        from jax_rope import mask_pictures
+
+        print(mask_pictures.render(), end="")
         return 0
     from jax_rope import demo
 
