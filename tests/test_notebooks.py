@@ -1,0 +1,99 @@
+"""The notebooks and the training example run end to end, and are committed without outputs.
+
+Each notebook in notebooks/ is executed headless with nbclient, in a kernel running this
+interpreter (working directory notebooks/), and fails on any cell error or after 300 s.
+The packages they need are the optional extra `notebooks`; a missing one is a failure
+that says so, never a skip. The kernel inherits the environment, so JAX_ROPE_BACKEND
+applies to the notebooks as well.
+"""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+EXAMPLE = ROOT / "examples" / "train_tiny_lm.py"
+EXPECTED = ("01_quickstart.ipynb", "02_sparse_modes.ipynb", "03_training.ipynb",
+            "04_performance.ipynb")
+NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
+NOTEBOOK_TIMEOUT_S = 300
+KERNEL_NAME = "jax-rope-tests-python"
+EXTRA = ("nbclient", "nbformat", "ipykernel", "matplotlib", "optax")
+
+
+def require_notebook_extra():
+    """Imports nbclient and nbformat; fails (not skips) if any package of the extra is missing."""
+    missing = []
+    for name in EXTRA:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        pytest.fail(f"the notebook tests need {', '.join(missing)} (the optional extra "
+                    f"'notebooks': pip install -e '.[notebooks]')", pytrace=False)
+    return importlib.import_module("nbclient"), importlib.import_module("nbformat")
+
+
+def test_every_notebook_is_found():
+    assert set(EXPECTED) <= set(NOTEBOOKS), f"notebooks/ holds {NOTEBOOKS}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_without_outputs(name):
+    notebook = json.loads((NOTEBOOK_DIR / name).read_text(encoding="utf-8"))
+    dirty = [i for i, cell in enumerate(notebook["cells"]) if cell["cell_type"] == "code"
+             and (cell.get("outputs") or cell.get("execution_count") is not None)]
+    assert not dirty, (f"{name}: code cells {dirty} have outputs or an execution count; "
+                       f"run `python notebooks/strip_outputs.py`")
+
+
+@pytest.fixture(scope="module")
+def kernel_name(tmp_path_factory):
+    """A kernelspec that starts this very interpreter, found through JUPYTER_PATH."""
+    data_dir = tmp_path_factory.mktemp("jupyter")
+    spec_dir = data_dir / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python (jax_rope tests)", "language": "python"}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    previous = os.environ.get("JUPYTER_PATH")
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(data_dir), previous]))
+    yield KERNEL_NAME
+    if previous is None:
+        del os.environ["JUPYTER_PATH"]
+    else:
+        os.environ["JUPYTER_PATH"] = previous
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, kernel_name):
+    nbclient, nbformat = require_notebook_extra()
+    notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    nbformat.validate(notebook)
+    deadline = time.monotonic() + NOTEBOOK_TIMEOUT_S
+    client = nbclient.NotebookClient(
+        notebook, kernel_name=kernel_name, startup_timeout=120,
+        # every cell may use what is left of the notebook's 300 s
+        timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+        resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    start = time.monotonic()
+    client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
+    elapsed = time.monotonic() - start
+    print(f"{name}: {elapsed:.1f} s")
+    assert elapsed < NOTEBOOK_TIMEOUT_S
+
+
+def test_train_tiny_lm_script():
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--steps", "30", "--sample", "20"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "30/30" in result.stdout and "loss: first step" in result.stdout, result.stdout
