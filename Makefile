@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.jax_rope-installed
-SOURCES := pyproject.toml CMakeLists.txt $(wildcard xla_ffi/*.cc xla_ffi/*.h device_kernels/cpu/*.cc device_kernels/cpu/*.h)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard xla_ffi/*.cc xla_ffi/*.h device_kernels/cpu/*.cc device_kernels/cpu/*.h device_kernels/npu/*.cc device_kernels/npu/*.h)
 
 KERNEL_TEST := build/attention_kernel_test
 KERNEL_SOURCES := device_kernels/cpu/attention_kernels.cc device_kernels/cpu/attention_tiles.cc

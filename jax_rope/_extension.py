@@ -47,3 +47,9 @@ def _load() -> ExtensionStatus:
 
 
 STATUS = _load()
+
+
+def module():
+    """The compiled module (only when STATUS.loaded)."""
+    from jax_rope import _jax_rope_cpu
+    return _jax_rope_cpu

@@ -62,3 +62,40 @@ except (ImportError, AttributeError, TypeError):  # pragma: no cover - other JAX
             yield
         finally:
             _global.pop()
+
+
+# --- NPU platform registration (see jax_rope/npu.py) ---------------------------
+# JAX accepts a platform-specific lowering rule only for a platform it knows
+# (one with a registered PJRT plugin). A plugin may register after jax_rope is
+# imported; and lowering for a platform on a machine without its plugin (the
+# tests, `jax.export` for an NPU from a CPU host) needs the name made known.
+
+def is_known_platform(name: str) -> bool:
+    try:
+        from jax._src import xla_bridge  # private: see module docstring
+        return xla_bridge.is_known_platform(name)
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX versions
+        return False
+
+
+def make_platform_known(name: str) -> bool:
+    """Makes `name` a platform JAX accepts lowering rules for, without a plugin
+    (an alias of itself: no backend is created). Returns False where this JAX
+    has no such hook."""
+    try:
+        from jax._src import xla_bridge  # private: see module docstring
+        if not xla_bridge.is_known_platform(name):
+            xla_bridge._platform_aliases[name] = name
+        return xla_bridge.is_known_platform(name)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover
+        return False
+
+
+def on_plugins_discovered(callback) -> None:
+    """Calls `callback()` once JAX has discovered its PJRT plugins (at once if
+    it already has)."""
+    try:
+        from jax._src import xla_bridge  # private: see module docstring
+        xla_bridge.register_plugin_callbacks(lambda c_api=None: callback())
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass

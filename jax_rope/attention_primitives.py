@@ -16,7 +16,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir, xla
 
-from jax_rope import attention_fallback
+from jax_rope import attention_fallback, npu
 from jax_rope.attention_options import AttentionOptions
 from jax_rope.backends import use_kernel
 
@@ -161,18 +161,20 @@ def _lowering(target, fallback):
     return rule
 
 
-def _register(prim, abstract_eval, batch_rule, target, fallback):
+def _register(prim, abstract_eval, batch_rule, target, fallback, npu_rule=None):
     prim.def_impl(functools.partial(xla.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = batch_rule
     rule = _lowering(target, fallback)
     mlir.register_lowering(prim, rule)
     mlir.register_lowering(prim, functools.partial(rule, platform="cpu"), platform="cpu")
+    if npu_rule is not None:  # the Ascend NPU (jax_rope/npu.py); scores: fallback there
+        npu.register_rule(prim, npu_rule(fallback))
 
 
 _register(attention_scores_p, _scores_abstract_eval, _batch_rule(attention_scores_p, 2, ()),
           "jax_rope_attention_scores", attention_fallback.attention_scores)
 _register(attention_fwd_p, _fwd_abstract_eval, _batch_rule(attention_fwd_p, 3, ()),
-          "jax_rope_attention_fwd", attention_fallback.attention_forward)
+          "jax_rope_attention_fwd", attention_fallback.attention_forward, npu.attention_forward_rule)
 _register(attention_bwd_p, _bwd_abstract_eval, _batch_rule(attention_bwd_p, 5, (5, 6)),
-          "jax_rope_attention_bwd", attention_fallback.attention_backward)
+          "jax_rope_attention_bwd", attention_fallback.attention_backward, npu.attention_backward_rule)

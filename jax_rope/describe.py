@@ -5,19 +5,20 @@ from __future__ import annotations
 import jax
 import jaxlib
 
-from jax_rope import _extension, _jax_shim, backends
+from jax_rope import _extension, _jax_shim, backends, npu
 from jax_rope._version import __version__
 
 
 def _platform_backends(status) -> dict[str, str]:
     chosen = backends.current_backend()
     table = {}
-    for platform in ("cpu", "other platforms"):
-        has_kernel = platform in backends.KERNEL_PLATFORMS and status.loaded
+    for platform in ("cpu", npu.PLATFORM, "other platforms"):
+        has_kernel = platform in backends.KERNEL_PLATFORMS + (npu.PLATFORM,) and status.loaded
         if chosen == "fallback" or not has_kernel:
             table[platform] = "error (no kernel)" if chosen == "ffi" else "jnp fallback"
         else:
-            table[platform] = "XLA FFI kernel"
+            table[platform] = ("NPU kernel where the profile covers the call, else jnp fallback"
+                               if platform == npu.PLATFORM else "XLA FFI kernel")
     return table
 
 
@@ -36,8 +37,9 @@ def describe(as_dict: bool = False):
         "backend": backends.current_backend()
         + ("" if _jax_shim.IN_JIT_KEY else " (not part of the jit cache key in this JAX)"),
         "lowering per platform": _platform_backends(status),
-        "platforms with kernels": ", ".join(backends.KERNEL_PLATFORMS) if status.loaded else "none",
-        "NPU runtime": "absent (the Ascend NPU lowering is not part of this build yet)",
+        "platforms with kernels": ", ".join(backends.KERNEL_PLATFORMS + (npu.PLATFORM,))
+        if status.loaded else "none",
+        **npu.describe(),
         "default JAX platform": jax.default_backend(),
     }
     if as_dict:

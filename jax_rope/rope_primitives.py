@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir, xla
 
-from jax_rope import rope_fallback
+from jax_rope import npu, rope_fallback
 from jax_rope.backends import use_kernel
 from jax_rope.rope_options import RopeOptions, check_grad_inputs, check_rope_shapes, ffi_attributes
 
@@ -125,17 +125,18 @@ def _lowering(ffi_target, fallback):
     return rule
 
 
-def _register(prim, abstract_eval, batch_rule, ffi_target, fallback):
+def _register(prim, abstract_eval, batch_rule, ffi_target, fallback, npu_rule):
     prim.def_impl(functools.partial(xla.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = batch_rule
     rule = _lowering(ffi_target, fallback)
     mlir.register_lowering(prim, rule)
     mlir.register_lowering(prim, functools.partial(rule, platform="cpu"), platform="cpu")
+    npu.register_rule(prim, npu_rule(fallback))  # the Ascend NPU (jax_rope/npu.py)
 
 
 _register(rope_fwd_p, _fwd_abstract_eval, _fwd_batch,
-          lambda num_args: "jax_rope_rope_fwd", rope_fallback.rope_forward)
+          lambda num_args: "jax_rope_rope_fwd", rope_fallback.rope_forward, npu.rope_forward_rule)
 _register(rope_bwd_p, _bwd_abstract_eval, _bwd_batch,
           lambda num_args: "jax_rope_rope_bwd" if num_args == 6 else "jax_rope_rope_bwd_no_inputs",
-          rope_fallback.rope_backward)
+          rope_fallback.rope_backward, npu.rope_backward_rule)

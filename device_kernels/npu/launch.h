@@ -1,0 +1,73 @@
+// Launch glue for the CANN operators, free of XLA: aclTensor descriptors over
+// device buffers, the two-phase GetWorkspaceSize / launch call on the caller's
+// stream, workspace from the caller, every descriptor destroyed. Each function
+// returns "" on success, else a message carrying aclGetRecentErrMsg.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace jax_rope::npu {
+
+// What the caller (an XLA FFI handler) provides: the stream and a workspace
+// allocator whose memory lives until the stream has finished the call.
+struct Device {
+  void* stream = nullptr;
+  std::function<void*(uint64_t bytes)> workspace;
+};
+
+// A dense row-major device buffer; `dtype` is an aclDataType value.
+struct DeviceTensor {
+  void* data = nullptr;
+  std::vector<int64_t> dims;
+  int32_t dtype = 0;
+  int64_t bytes() const;
+};
+
+// ApplyRotaryPosEmbV2 on copies: query_out/key_out get query/key (device to
+// device), then the in-place operator rotates them. `layout` is jax_rope's
+// code (1 BSND, 2 SBND, 3 BNSD, 4 TND as a (T, 1, N, D) BSND view).
+std::string RopeForward(const Device& device, const DeviceTensor& query, const DeviceTensor& key,
+                        const DeviceTensor& cos, const DeviceTensor& sin,
+                        const DeviceTensor& query_out, const DeviceTensor& key_out,
+                        int32_t layout, const char* rotary_mode);
+
+// ApplyRotaryPosEmbGrad (half mode). query/key (and dcos/dsin) may be null.
+std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
+                         const DeviceTensor& grad_key, const DeviceTensor& cos,
+                         const DeviceTensor& sin, const DeviceTensor* query,
+                         const DeviceTensor* key, const DeviceTensor& dquery,
+                         const DeviceTensor& dkey, const DeviceTensor* dcos,
+                         const DeviceTensor* dsin, int32_t layout);
+
+// Static attention configuration (jax_rope's AttentionOptions, decoded).
+struct AttentionConfig {
+  int32_t layout = 1;  // 1 BSND, 2 SBND (passed as SBH), 3 BNSD, 4 TND
+  double scale = 1.0;
+  int64_t sparse_mode = 0;
+  int64_t pre_tokens = 2147483647;
+  int64_t next_tokens = 2147483647;
+  bool has_mask = false;
+};
+
+// FlashAttentionScore (or its VarLen form for TND). `table` is the int32
+// (B, 7) sequence table of jax_rope/masks.py on the device; it is copied to
+// the host (the operator takes host lists for prefix and sequence lengths).
+// softmax_max/sum are the operator's 8-wide float32 statistics.
+std::string AttentionForward(const Device& device, const AttentionConfig& config,
+                             const DeviceTensor& query, const DeviceTensor& key,
+                             const DeviceTensor& value, const DeviceTensor& table,
+                             const DeviceTensor* mask, const DeviceTensor& out,
+                             const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum);
+
+std::string AttentionBackward(const Device& device, const AttentionConfig& config,
+                              const DeviceTensor& query, const DeviceTensor& key,
+                              const DeviceTensor& value, const DeviceTensor& out,
+                              const DeviceTensor& dout, const DeviceTensor& softmax_max,
+                              const DeviceTensor& softmax_sum, const DeviceTensor& table,
+                              const DeviceTensor* mask, const DeviceTensor& dquery,
+                              const DeviceTensor& dkey, const DeviceTensor& dvalue);
+
+}  // namespace jax_rope::npu

@@ -1,0 +1,193 @@
+"""NPU lowering without an NPU: jitted functions exported for the NPU platform
+(made known to JAX with jax_rope.npu.enable_lowering_without_device) contain our
+NPU custom calls with the expected operands and attributes where the chip
+profile covers the call, and the jnp fallback (no custom call) where not."""
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_rope as jr
+from jax_rope import _extension, npu
+
+pytestmark = pytest.mark.skipif(not _extension.STATUS.loaded,
+                                reason="compiled extension not loaded")
+
+CHECKS = [jax.export.DisabledSafetyCheck.custom_call(t) for t in npu.FFI_TARGETS + jr.FFI_TARGETS]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def npu_known():
+    npu.enable_lowering_without_device()
+
+
+def export_text(fn, *args, platform=npu.PLATFORM):
+    exported = jax.export.export(jax.jit(fn), platforms=[platform], disabled_checks=CHECKS)(*args)
+    return exported.mlir_module()
+
+
+def custom_calls(text):
+    """(target, operand count, attribute text) of every custom call."""
+    calls = []
+    for line in text.splitlines():
+        m = re.search(r'stablehlo\.custom_call @(\w+)\(([^)]*)\)(.*)', line)
+        if m:
+            operands = [x for x in m.group(2).split(",") if x.strip()]
+            calls.append((m.group(1), len(operands), m.group(3)))
+    return calls
+
+
+def arrays(*shapes, dtype=jnp.float16):
+    return [jnp.zeros(s, dtype) for s in shapes]
+
+
+def test_rope_forward_and_backward_targets_on_950():
+    # 950 has the fused backward: forward and backward both lower to NPU kernels.
+    q, k, c, s = arrays((2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128), (1, 8, 1, 128))
+
+    def step(q, k, c, s):
+        (qo, ko), pullback = jax.vjp(jr.apply_rotary_pos_emb, q, k, c, s)
+        return pullback((qo, ko))
+
+    env = dict(os.environ, JAX_ROPE_NPU_PROFILE="950")
+    code = (
+        "import jax, jax.numpy as jnp, jax_rope as jr\n"
+        "from jax_rope import npu\n"
+        "npu.enable_lowering_without_device()\n"
+        "z = lambda s: jnp.zeros(s, jnp.float16)\n"
+        "q, k, c, s = z((2, 8, 4, 128)), z((2, 8, 2, 128)), z((1, 8, 1, 128)), z((1, 8, 1, 128))\n"
+        "def step(q, k, c, s):\n"
+        "    (qo, ko), pullback = jax.vjp(jr.apply_rotary_pos_emb, q, k, c, s)\n"
+        "    return pullback((qo, ko))\n"
+        "checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in npu.FFI_TARGETS]\n"
+        "print(jax.export.export(jax.jit(step), platforms=['npu'], disabled_checks=checks)"
+        "(q, k, c, s).mlir_module())\n")
+    text = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout
+    calls = custom_calls(text)
+    targets = [t for t, _, _ in calls]
+    assert targets == ["jax_rope_npu_rope_fwd", "jax_rope_npu_rope_bwd"], targets
+    fwd, bwd = calls
+    assert fwd[1] == 4 and bwd[1] == 6
+    for _, _, attrs in calls:
+        assert "layout = 1 : i32" in attrs and "rotary_mode = 0 : i32" in attrs
+
+
+def test_rope_forward_on_a2_backward_falls_back():
+    q, k, c, s = arrays((2, 8, 4, 128), (2, 8, 2, 128), (2, 8, 1, 128), (2, 8, 1, 128))
+
+    def step(q, k, c, s):
+        (qo, ko), pullback = jax.vjp(jr.apply_rotary_pos_emb, q, k, c, s)
+        return pullback((qo, ko))
+
+    targets = [t for t, _, _ in custom_calls(export_text(step, q, k, c, s))]
+    assert targets == ["jax_rope_npu_rope_fwd"]  # A2 has no fused backward
+
+
+def test_rope_tnd_and_interleave_attributes():
+    q, k, c, s = arrays((6, 4, 64), (6, 1, 64), (6, 1, 64), (6, 1, 64))
+    text = export_text(lambda *a: jr.apply_rotary_pos_emb(*a, layout="TND",
+                                                          rotary_mode="interleave"), q, k, c, s)
+    (target, operands, attrs), = custom_calls(text)
+    assert target == "jax_rope_npu_rope_fwd" and operands == 4
+    assert "layout = 4 : i32" in attrs and "rotary_mode = 2 : i32" in attrs
+
+
+@pytest.mark.parametrize("case, why", [
+    (dict(d=96), "head dim 96"),
+    (dict(layout="BNSD"), "layout"),
+    (dict(cos_batch=1), "cos batch"),
+    (dict(r=64), None),  # partial rotary 64 of 128 is covered
+])
+def test_rope_outside_a2_profile_lowers_to_fallback(case, why):
+    d, r = case.get("d", 128), case.get("r", case.get("d", 128))
+    layout = case.get("layout", "BSND")
+    b, cb = 2, case.get("cos_batch", 2)
+    if layout == "BNSD":
+        shapes = (b, 4, 8, d), (b, 2, 8, d), (cb, 1, 8, r)
+    else:
+        shapes = (b, 8, 4, d), (b, 8, 2, d), (cb, 8, 1, r)
+    q, k, c, s = arrays(shapes[0], shapes[1], shapes[2], shapes[2])
+    fn = lambda *a: jr.apply_rotary_pos_emb(*a, layout=layout)
+    targets = [t for t, _, _ in custom_calls(export_text(fn, q, k, c, s))]
+    assert targets == ([] if why else ["jax_rope_npu_rope_fwd"])
+    if why:  # and "ffi" there is a clear error naming the reason
+        with jr.backend("ffi"), pytest.raises(ValueError, match=why):
+            export_text(fn, q, k, c, s)
+        # the fallback computes the same numbers as the CPU path
+        rng = np.random.default_rng(0)
+        xs = [jnp.asarray(rng.standard_normal(x.shape), jnp.float32) for x in (q, k, c, s)]
+        exported = jax.export.export(jax.jit(fn), platforms=[npu.PLATFORM, "cpu"],
+                                     disabled_checks=CHECKS)(*xs)
+        for got, want in zip(exported.call(*xs), fn(*xs)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def attention_args(layout="BSND", dtype=jnp.bfloat16):
+    if layout == "TND":
+        return arrays((12, 4, 64), (12, 2, 64), (12, 2, 64), dtype=dtype)
+    return arrays((2, 16, 4, 64), (2, 16, 2, 64), (2, 16, 2, 64), dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", [0, 2, 3, 4])
+def test_attention_forward_and_backward_targets(mode):
+    q, k, v = attention_args()
+
+    def loss(q, k, v):
+        out, _, _ = jr.flash_attention_score(q, k, v, sparse_mode=mode, pre_tokens=8,
+                                             next_tokens=0)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = export_text(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+    calls = custom_calls(text)
+    assert [t for t, _, _ in calls] == ["jax_rope_npu_attention_fwd", "jax_rope_npu_attention_bwd"]
+    (_, fwd_n, fwd_attrs), (_, bwd_n, bwd_attrs) = calls
+    assert fwd_n == 5 and bwd_n == 9  # q, k, v, table, mask [+ out, dout, max, sum]
+    for attrs in (fwd_attrs, bwd_attrs):
+        assert f"sparse_mode = {mode} : i32" in attrs and "layout = 1 : i32" in attrs
+        assert "pre_tokens = 8 : i64" in attrs and "next_tokens = 0 : i64" in attrs
+    # the 8-wide statistics: produced by the forward, fed back to the backward
+    assert "tensor<2x4x16x8xf32>" in text
+
+
+def test_attention_tnd_statistics_are_sliced_to_spec_shapes():
+    q, k, v = attention_args("TND")
+    fn = lambda q, k, v: jr.flash_attention_score(q, k, v, input_layout="TND", sparse_mode=3,
+                                                  actual_seq_qlen=[4, 12],
+                                                  actual_seq_kvlen=[4, 12])
+    exported = jax.export.export(jax.jit(fn), platforms=[npu.PLATFORM],
+                                 disabled_checks=CHECKS)(q, k, v)
+    assert [a.shape for a in exported.out_avals] == [(12, 4, 64), (12, 4), (12, 4)]
+    text = exported.mlir_module()
+    assert "tensor<12x4x8xf32>" in text
+    assert [t for t, _, _ in custom_calls(text)] == ["jax_rope_npu_attention_fwd"]
+
+
+def test_attention_outside_profile_falls_back():
+    q, k, v = attention_args()
+    fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=2)[0]
+    code = ("import jax, jax.numpy as jnp, jax_rope as jr\nfrom jax_rope import npu\n"
+            "npu.enable_lowering_without_device()\n"
+            "q = jnp.zeros((2, 16, 4, 64), jnp.bfloat16)\n"
+            "f = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=2)[0]\n"
+            "print(jax.export.export(jax.jit(f), platforms=['npu'])(q, q, q).mlir_module())\n")
+    env = dict(os.environ, JAX_ROPE_NPU_PROFILE="310P")
+    text = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True).stdout
+    assert "custom_call" not in text
+    # the scores primitive has no NPU kernel anywhere
+    assert custom_calls(export_text(lambda q, k: jr.attention_scores(q, k), q, k)) == []
+    assert custom_calls(export_text(fn, q, k, v))[0][0] == "jax_rope_npu_attention_fwd"
+
+
+def test_describe_lists_profile_and_rules():
+    info = jr.describe(as_dict=True)
+    assert info["NPU runtime"].startswith("absent (")
+    assert info["NPU profile"].startswith("A2")
+    assert "D and r in {64, 128}" in info["NPU rules"]
