@@ -7,10 +7,13 @@ and a pure jax.numpy fallback with identical semantics.
 from jax_rope._version import __version__
 from jax_rope.attention import attention_scores, flash_attention_score, sparse_mask
 from jax_rope.backends import backend, set_backend
+from jax_rope.context_parallel import context_parallel_attention
+from jax_rope.sequence_parallel import SequenceParallelShard, varlen_sequence_parallel_split
 from jax_rope.describe import describe
 from jax_rope.rope import apply_rotary_pos_emb, apply_rotary_pos_emb_grad
 from jax_rope import attention_primitives as _attention_primitives
 from jax_rope import rope_primitives as _rope_primitives
+from jax_rope import sharding as _sharding  # partitioning rules for every primitive
 from jax_rope.rope_tables import positions_from_seq_lens, rope_cos_sin
 
 #: Custom-call targets of the compiled kernels (e.g. for jax.export's disabled_checks).
@@ -21,6 +24,8 @@ __all__ = [
     "__version__",
     "apply_rotary_pos_emb",
     "attention_scores",
+    "context_parallel_attention",
+    "SequenceParallelShard",
     "apply_rotary_pos_emb_grad",
     "backend",
     "describe",
@@ -29,4 +34,5 @@ __all__ = [
     "rope_cos_sin",
     "set_backend",
     "sparse_mask",
+    "varlen_sequence_parallel_split",
 ]

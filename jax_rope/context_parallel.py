@@ -1,0 +1,312 @@
+"""Context-parallel attention: the sequence axis sharded over a mesh axis.
+
+Each device keeps its query block; key/value blocks visit it (strategy "ring":
+`lax.ppermute` around the mesh axis, one block per step; "all_gather": every
+block at once). Every (query chunk, key chunk) pair is one fused
+`flash_attention_score` call whose sparse_mode/pre/next cut the global mask to
+that pair: a pair the mask hides is skipped, a pair it does not touch runs
+unmasked, only pairs the mask cuts run banded. Partial results merge through
+their log-sum-exp. The backward is a custom_vjp that replays the same pairs with
+the fused backward kernel and the *global* statistics (max = lse, sum = 1), so
+each pair's gradient is exact; key/value gradients travel home with their block
+(ring) or are reduce-scattered (all_gather).
+
+Token order: callers pass the sequence in its natural order, sharded in equal
+contiguous blocks over `seq_axis` (device d holds tokens [d*S/n, (d+1)*S/n)),
+and get the output back in that order. With load_balance=True the function
+re-deals the 2n chunks of length S/(2n) internally in zig-zag order, device i
+holding chunks i and 2n-1-i (two ppermutes in, two out), so that under a causal
+mask every device does the same work.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jax_rope.attention import _prepare, flash_attention_score
+from jax_rope.attention_options import MAX_TOKENS
+from jax_rope.attention_primitives import attention_bwd_p
+
+MASK_VALUE = np.float32(-3.4028235e38)  # softmax_max of a row that sees no key
+DEAD_SUM = np.float32(3.4028235e38)
+
+
+def _plan_branches(sparse_mode, pre_tokens, next_tokens, chunks, length):
+    """Static branches per chunk offset: ("skip",), ("full",) or ("band", pre, next),
+    and a table from offset + chunks - 1 to branch index."""
+    if sparse_mode == 0:
+        nxt, pre = float("inf"), float("inf")
+    elif sparse_mode in (2, 3):  # Sq == Skv: rightDownCausal is leftUpCausal
+        nxt, pre = 0, float("inf")
+    else:
+        nxt, pre = next_tokens, pre_tokens
+    branches, index = [], []
+    for c in range(-(chunks - 1), chunks):
+        o = c * length  # key chunk start - query chunk start
+        hi, lo = nxt - o, -(pre + o)  # visible: lo <= j' - i' <= hi
+        if max(lo, -(length - 1)) > min(hi, length - 1):
+            branch = ("skip",)
+        elif hi >= length - 1 and lo <= -(length - 1):
+            branch = ("full",)
+        else:
+            branch = ("band", int(min(-lo, MAX_TOKENS)), int(min(hi, MAX_TOKENS)))
+        if branch not in branches:
+            branches.append(branch)
+        index.append(branches.index(branch))
+    return tuple(branches), np.asarray(index, np.int32)
+
+
+def _lse(softmax_max, softmax_sum):
+    dead = softmax_max <= MASK_VALUE
+    return jnp.where(dead, -jnp.inf, softmax_max + jnp.log(jnp.where(dead, 1.0, softmax_sum)))
+
+
+def _call_kwargs(branch, scale):
+    if branch[0] == "full":
+        return dict(scale=scale, sparse_mode=0, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS)
+    return dict(scale=scale, sparse_mode=4, pre_tokens=branch[1], next_tokens=branch[2])
+
+
+def _pair_forward(branch, scale, q, k, v):
+    """(out float32 (B, L, N1, Dv), lse (B, N1, L)) of one chunk pair."""
+    b, length, heads = q.shape[0], q.shape[1], q.shape[2]
+    if branch[0] == "skip":
+        return (jnp.zeros(q.shape[:3] + v.shape[3:], jnp.float32),
+                jnp.full((b, heads, length), -jnp.inf, jnp.float32))
+    out, softmax_max, softmax_sum = flash_attention_score(q, k, v, **_call_kwargs(branch, scale))
+    return out.astype(jnp.float32), _lse(softmax_max, softmax_sum)
+
+
+def _pair_backward(branch, scale, q, k, v, out, dout, lse):
+    if branch[0] == "skip":
+        return tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
+    options, (q_, k_, v_), table, mask = _prepare(
+        q, k, v, True, input_layout="BSND", head_num=None, atten_mask=None, prefix=None,
+        actual_seq_qlen=None, actual_seq_kvlen=None, **_call_kwargs(branch, scale))
+    dead = jnp.isneginf(lse)
+    softmax_max = jnp.where(dead, MASK_VALUE, lse)
+    softmax_sum = jnp.where(dead, DEAD_SUM, 1.0).astype(jnp.float32)
+    grads = attention_bwd_p.bind(q_, k_, v_, out, dout, softmax_max, softmax_sum, table, *mask,
+                                 options=options)
+    return tuple(g.astype(jnp.float32) for g in grads)
+
+
+class _Plan:
+    """Everything static about one call: mesh axis, chunking and branches."""
+
+    def __init__(self, axis, devices, strategy, load_balance, seq_len, sparse_mode,
+                 pre_tokens, next_tokens, scale):
+        self.axis, self.n, self.strategy, self.scale = axis, devices, strategy, scale
+        self.slots = 2 if load_balance else 1
+        self.chunks = devices * self.slots
+        self.length = seq_len // self.chunks
+        self.branches, self.index = _plan_branches(sparse_mode, pre_tokens, next_tokens,
+                                                   self.chunks, self.length)
+
+    def chunk(self, device, slot):
+        """Global chunk index held in `slot` of `device` (zig-zag when 2 slots)."""
+        return device if slot == 0 else 2 * self.n - 1 - device
+
+    def split(self, x):
+        return [x[:, i * self.length:(i + 1) * self.length] for i in range(self.slots)]
+
+    def branch(self, q_device, q_slot, kv_device, kv_slot):
+        offset = self.chunk(kv_device, kv_slot) - self.chunk(q_device, q_slot)
+        return jnp.asarray(self.index)[offset + self.chunks - 1]
+
+    def shift(self, x):  # every device sends to the next one
+        return jax.lax.ppermute(x, self.axis, [(i, (i + 1) % self.n) for i in range(self.n)])
+
+
+def _visits(plan, k, v):
+    """Per step t, a function giving the visiting key/value block (source e - t)."""
+    if plan.strategy == "all_gather":
+        k_all = jax.lax.all_gather(k, plan.axis, axis=1, tiled=True)
+        v_all = jax.lax.all_gather(v, plan.axis, axis=1, tiled=True)
+        size = k.shape[1]
+        return lambda t, kv, src: (jax.lax.dynamic_slice_in_dim(k_all, src * size, size, 1),
+                                   jax.lax.dynamic_slice_in_dim(v_all, src * size, size, 1))
+    return lambda t, kv, src: kv if t == 0 else plan.shift(kv)
+
+
+def _forward(plan, q, k, v):
+    me = jax.lax.axis_index(plan.axis)
+    q_slots = plan.split(q)
+    outs = [jnp.zeros(x.shape[:3] + v.shape[3:], jnp.float32) for x in q_slots]
+    lses = [jnp.full((x.shape[0], x.shape[2], x.shape[1]), -jnp.inf, jnp.float32)
+            for x in q_slots]
+    visit, kv = _visits(plan, k, v), (k, v)
+    for t in range(plan.n):
+        src = (me - t) % plan.n
+        kv = visit(t, kv, src)
+        for ks, (kc, vc) in enumerate(zip(plan.split(kv[0]), plan.split(kv[1]))):
+            for qs, qc in enumerate(q_slots):
+                branches = [functools.partial(_pair_forward, b, plan.scale)
+                            for b in plan.branches]
+                o, lse = jax.lax.switch(plan.branch(me, qs, src, ks), branches, qc, kc, vc)
+                new = jnp.logaddexp(lses[qs], lse)
+                safe = jnp.where(jnp.isneginf(new), 0.0, new)
+                w_old = jnp.swapaxes(jnp.exp(lses[qs] - safe), 1, 2)[..., None]
+                w_new = jnp.swapaxes(jnp.exp(lse - safe), 1, 2)[..., None]
+                outs[qs] = outs[qs] * w_old + o * w_new
+                lses[qs] = new
+    out = jnp.concatenate(outs, axis=1).astype(q.dtype)
+    return out, jnp.concatenate(lses, axis=2)
+
+
+def _backward(plan, q, k, v, out, lse, dout):
+    me = jax.lax.axis_index(plan.axis)
+    q_slots, o_slots, d_slots = plan.split(q), plan.split(out), plan.split(dout)
+    l_slots = [lse[:, :, i * plan.length:(i + 1) * plan.length] for i in range(plan.slots)]
+    dq = [jnp.zeros(x.shape, jnp.float32) for x in q_slots]
+    ring = plan.strategy == "ring"
+    if ring:
+        blocks = (k, v)
+        dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    else:
+        visit = _visits(plan, k, v)
+        dkv_all = (jnp.zeros((k.shape[0], k.shape[1] * plan.n) + k.shape[2:], jnp.float32),
+                   jnp.zeros((v.shape[0], v.shape[1] * plan.n) + v.shape[2:], jnp.float32))
+    for t in range(plan.n):
+        src = (me - t) % plan.n
+        if ring:
+            if t:
+                blocks, dkv = plan.shift(blocks), plan.shift(dkv)
+        else:
+            blocks = visit(t, None, src)
+            dkv = tuple(jnp.zeros(x.shape, jnp.float32) for x in blocks)
+        dk_slots, dv_slots = plan.split(dkv[0]), plan.split(dkv[1])
+        for ks, (kc, vc) in enumerate(zip(plan.split(blocks[0]), plan.split(blocks[1]))):
+            for qs in range(plan.slots):
+                branches = [functools.partial(_pair_backward, b, plan.scale)
+                            for b in plan.branches]
+                g = jax.lax.switch(plan.branch(me, qs, src, ks), branches, q_slots[qs], kc, vc,
+                                   o_slots[qs], d_slots[qs], l_slots[qs])
+                dq[qs] = dq[qs] + g[0]
+                dk_slots[ks] = dk_slots[ks] + g[1]
+                dv_slots[ks] = dv_slots[ks] + g[2]
+        dkv = (jnp.concatenate(dk_slots, axis=1), jnp.concatenate(dv_slots, axis=1))
+        if not ring:
+            size = k.shape[1]
+            dkv_all = tuple(jax.lax.dynamic_update_slice_in_dim(
+                acc, acc_blk + jax.lax.dynamic_slice_in_dim(acc, src * size, size, 1),
+                src * size, 1) for acc, acc_blk in zip(dkv_all, dkv))
+    if ring:  # the visiting block's gradients go home: one more step around
+        dk, dv = plan.shift(dkv)
+    else:
+        dk, dv = (jax.lax.psum_scatter(x, plan.axis, scatter_dimension=1, tiled=True)
+                  for x in dkv_all)
+    return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(plan, q, k, v):
+    return _forward(plan, q, k, v)[0]
+
+
+def _attention_fwd(plan, q, k, v):
+    out, lse = _forward(plan, q, k, v)
+    return out, (q, k, v, out, lse)
+
+
+def _attention_bwd(plan, residuals, dout):
+    q, k, v, out, lse = residuals
+    return _backward(plan, q, k, v, out, lse, dout.astype(out.dtype))
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _zigzag(x, axis, n, inverse=False):
+    """Natural blocks (device d: chunks 2d, 2d+1) <-> zig-zag (device i: i, 2n-1-i)."""
+    def home(c):  # the zig-zag device of chunk c
+        return c if c < n else 2 * n - 1 - c
+    # Of the two chunks i and 2n-1-i one is even (sent from slot 0), one odd (slot 1).
+    perms = [[(d, home(2 * d + s)) for d in range(n)] for s in (0, 1)]
+    me = jax.lax.axis_index(axis)
+    half = x.shape[1] // 2
+    a, b = x[:, :half], x[:, half:]
+    if not inverse:
+        r0, r1 = (jax.lax.ppermute(p, axis, perm) for p, perm in zip((a, b), perms))
+        even = me % 2 == 0  # chunk i is even: it came from a slot 0
+        return jnp.concatenate([jnp.where(even, r0, r1), jnp.where(even, r1, r0)], axis=1)
+    even = me % 2 == 0
+    send0, send1 = jnp.where(even, a, b), jnp.where(even, b, a)
+    back = [[(dst, src) for src, dst in perm] for perm in perms]
+    r0, r1 = (jax.lax.ppermute(p, axis, perm) for p, perm in zip((send0, send1), back))
+    return jnp.concatenate([r0, r1], axis=1)
+
+
+def _place(x, sharding):
+    """Puts x in the sequence sharding shard_map expects (a no-op when it is)."""
+    explicit = any(t == jax.sharding.AxisType.Explicit
+                   for t in getattr(sharding.mesh, "axis_types", ()))
+    if explicit:
+        return jax.sharding.reshard(x, sharding)
+    if isinstance(x, jax.core.Tracer):
+        return jax.lax.with_sharding_constraint(x, sharding)
+    return jax.device_put(x, sharding)
+
+
+def context_parallel_attention(query, key, value, *, mesh, seq_axis, strategy="ring",
+                               sparse_mode=0, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS,
+                               scale=None, load_balance=True):
+    """Attention over a sequence sharded on mesh axis `seq_axis`; equals
+    `flash_attention_score(query, key, value, input_layout="BSND", ...)[0]`.
+
+    Args:
+      query: (B, S, N1, D); key (B, S, N2, D); value (B, S, N2, Dv), layout BSND,
+        self-attention lengths (Sq == Skv), tokens in natural order; S divisible
+        by n (2n with load_balance), n = mesh.shape[seq_axis].
+      mesh, seq_axis: the jax.sharding.Mesh and the name of its sequence axis;
+        the computation is a shard_map over the mesh (other axes replicated).
+      strategy: "ring" (key/value blocks circulate by ppermute) or "all_gather".
+      sparse_mode: 0 (none), 2/3 (causal), 4 (band with pre_tokens/next_tokens).
+      scale: None means 1/sqrt(D).
+      load_balance: re-deal tokens in zig-zag order inside (see module doc).
+
+    Returns:
+      attention_out (B, S, N1, Dv) in query's dtype, sharded like query.
+      Differentiable with respect to query, key and value.
+    """
+    if strategy not in ("ring", "all_gather"):
+        raise ValueError(f"strategy must be 'ring' or 'all_gather', got {strategy!r}")
+    if sparse_mode not in (0, 2, 3, 4):
+        raise ValueError(f"sparse_mode must be 0, 2, 3 or 4 for context parallelism, "
+                         f"got {sparse_mode!r}")
+    if seq_axis not in mesh.axis_names:
+        raise ValueError(f"seq_axis must name an axis of the mesh {mesh.axis_names}, "
+                         f"got {seq_axis!r}")
+    # The whole-sequence call validates shapes, dtypes and tokens (nothing is computed).
+    jax.eval_shape(functools.partial(
+        flash_attention_score, scale=scale, sparse_mode=sparse_mode, pre_tokens=pre_tokens,
+        next_tokens=next_tokens), query, key, value)
+    if query.ndim != 4 or query.shape[1] != key.shape[1]:
+        raise ValueError(f"query and key must be BSND with equal sequence lengths, got "
+                         f"{tuple(query.shape)} and {tuple(key.shape)}")
+    n = mesh.shape[seq_axis]
+    parts = n * (2 if load_balance else 1)
+    if query.shape[1] % parts:
+        raise ValueError(f"sequence length must be divisible by {parts} (mesh axis "
+                         f"{seq_axis!r} of size {n}{', load_balance' if load_balance else ''}), "
+                         f"got {query.shape[1]}")
+    if scale is None:
+        scale = 1.0 / float(np.sqrt(query.shape[-1]))
+    plan = _Plan(seq_axis, n, strategy, load_balance, query.shape[1], sparse_mode,
+                 pre_tokens, next_tokens, float(scale))
+
+    def local(q, k, v):
+        if load_balance:
+            q, k, v = (_zigzag(x, seq_axis, n) for x in (q, k, v))
+        out = _attention(plan, q, k, v)
+        return _zigzag(out, seq_axis, n, inverse=True) if load_balance else out
+
+    spec = PartitionSpec(None, seq_axis)
+    query, key, value = (_place(x, NamedSharding(mesh, spec)) for x in (query, key, value))
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec,
+                         check_vma=False)(query, key, value)
