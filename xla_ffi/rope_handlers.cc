@@ -51,11 +51,10 @@ ffi::Error CheckBuffers(const char* op, const std::vector<NamedBuffer>& inputs,
   return ffi::Error::Success();
 }
 
-int64_t GrainFor(const RopeGeometry& g, int64_t rows_per_item) {
+int64_t TokenGrain(const RopeGeometry& g) {
   // About 32K elements per task: enough to amortise scheduling.
-  const int64_t per_item = std::max<int64_t>(1, (g.q_heads + g.k_heads) * g.head_dim *
-                                                    rows_per_item);
-  return std::max<int64_t>(1, 32768 / per_item);
+  const int64_t per_token = std::max<int64_t>(1, (g.q_heads + g.k_heads) * g.head_dim);
+  return std::max<int64_t>(1, 32768 / per_token);
 }
 
 }  // namespace
@@ -81,7 +80,7 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
     using T = decltype(tag);
     const cpu::RopeForwardArgs<T> args{Data<T>(query), Data<T>(key),        Data<T>(cos),
                                        Data<T>(sin),   Data<T>(*query_out), Data<T>(*key_out)};
-    ParallelFor(pool, g.tokens(), GrainFor(g, 1), [&](int64_t begin, int64_t end) {
+    ParallelFor(pool, g.tokens(), TokenGrain(g), [&](int64_t begin, int64_t end) {
       cpu::RopeForward(g, args, begin, end);
     });
   });
@@ -117,7 +116,7 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
   return DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool with_inputs = query != nullptr;
-    const cpu::RopeBackwardArgs<T> args{
+    cpu::RopeBackwardArgs<T> args{
         Data<T>(grad_query),
         Data<T>(grad_key),
         Data<T>(cos),
@@ -128,9 +127,14 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
         Data<T>(dkey),
         with_inputs ? Data<T>(*dcos) : nullptr,
         with_inputs ? Data<T>(*dsin) : nullptr};
-    const int64_t batches_per_row = g.cos_batch == 1 ? g.batch : 1;
-    ParallelFor(pool, g.cos_rows(), GrainFor(g, batches_per_row),
+    std::vector<float> partial(with_inputs ? cpu::RopeBackwardPartialFloats(g) : 0);
+    args.partial = partial.empty() ? nullptr : partial.data();
+    ParallelFor(pool, g.tokens(), TokenGrain(g),
                 [&](int64_t begin, int64_t end) { cpu::RopeBackward(g, args, begin, end); });
+    if (args.partial != nullptr) {  // dcos/dsin: sum the per-token rows over the batch
+      ParallelFor(pool, g.seq, std::max<int64_t>(1, 32768 / (2 * g.batch * g.rotary_dim)),
+                  [&](int64_t begin, int64_t end) { cpu::RopeReduceTables(g, args, begin, end); });
+    }
   });
 }
 

@@ -8,10 +8,14 @@
 namespace jax_rope::cpu {
 namespace {
 
+// Helpers are inlined into each instruction-set clone of the entry points below
+// (a call out of a clone would run baseline code).
+#define JAX_ROPE_INLINE [[gnu::always_inline]] inline
+
 // Rows of 16-bit types are widened into this scratch once; float rows are
 // used in place, so the float32 path never copies.
 template <typename T>
-const float* LoadRow(const T* src, int64_t n, float* scratch) {
+JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
@@ -21,7 +25,7 @@ const float* LoadRow(const T* src, int64_t n, float* scratch) {
 }
 
 template <typename T>
-float* OutRow(T* dst, float* scratch) {
+JAX_ROPE_INLINE float* OutRow(T* dst, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
     return dst;
   } else {
@@ -30,20 +34,20 @@ float* OutRow(T* dst, float* scratch) {
 }
 
 template <typename T>
-void StoreRow(const float* src, int64_t n, T* dst) {
+JAX_ROPE_INLINE void StoreRow(const float* src, int64_t n, T* dst) {
   if constexpr (!std::is_same_v<T, float>) {
     for (int64_t i = 0; i < n; ++i) dst[i] = FromFloat<T>(src[i]);
   }
 }
 
 // out = x * c + rot(x) * s over one rotary block of width 2h, half pairing.
-inline void RotateHalf(const float* __restrict__ x, const float* __restrict__ c,
+JAX_ROPE_INLINE void RotateHalf(const float* __restrict__ x, const float* __restrict__ c,
                        const float* __restrict__ s, float* __restrict__ out, int64_t h) {
   for (int64_t i = 0; i < h; ++i) out[i] = x[i] * c[i] - x[i + h] * s[i];
   for (int64_t i = h; i < 2 * h; ++i) out[i] = x[i] * c[i] + x[i - h] * s[i];
 }
 
-inline void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
+JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
                              const float* __restrict__ s, float* __restrict__ out,
                              int64_t r) {
   for (int64_t i = 0; i < r; i += 2) {
@@ -54,7 +58,7 @@ inline void RotateInterleave(const float* __restrict__ x, const float* __restric
   }
 }
 
-inline void Rotate(RotaryMode mode, const float* x, const float* c, const float* s,
+JAX_ROPE_INLINE void Rotate(RotaryMode mode, const float* x, const float* c, const float* s,
                    float* out, int64_t r) {
   switch (mode) {
     case RotaryMode::kHalf:
@@ -70,19 +74,28 @@ inline void Rotate(RotaryMode mode, const float* x, const float* c, const float*
   }
 }
 
-// Adjoint of the half rotation, plus this row's dcos/dsin contributions.
-inline void RotateHalfAdjoint(const float* __restrict__ g, const float* __restrict__ c,
-                              const float* __restrict__ s, float* __restrict__ dx,
-                              int64_t h) {
+// Adjoint of the half rotation: dx = c * g + rot^T(s * g).
+JAX_ROPE_INLINE void RotateHalfAdjoint(const float* __restrict__ g, const float* __restrict__ c,
+                                       const float* __restrict__ s, float* __restrict__ dx,
+                                       int64_t h) {
   for (int64_t i = 0; i < h; ++i) dx[i] = c[i] * g[i] + s[i + h] * g[i + h];
   for (int64_t i = h; i < 2 * h; ++i) dx[i] = c[i] * g[i] - s[i - h] * g[i - h];
 }
 
-inline void AccumulateCosSin(const float* __restrict__ g, const float* __restrict__ x,
-                             float* __restrict__ dcos, float* __restrict__ dsin, int64_t h) {
-  for (int64_t i = 0; i < 2 * h; ++i) dcos[i] += g[i] * x[i];
-  for (int64_t i = 0; i < h; ++i) dsin[i] -= g[i] * x[i + h];
-  for (int64_t i = h; i < 2 * h; ++i) dsin[i] += g[i] * x[i - h];
+// The adjoint and this row's dcos/dsin contributions in one pass.
+JAX_ROPE_INLINE void RotateHalfAdjointWithTables(
+    const float* __restrict__ g, const float* __restrict__ x, const float* __restrict__ c,
+    const float* __restrict__ s, float* __restrict__ dx, float* __restrict__ dcos,
+    float* __restrict__ dsin, int64_t h) {
+  for (int64_t i = 0; i < h; ++i) {
+    const float g1 = g[i], g2 = g[i + h], x1 = x[i], x2 = x[i + h];
+    dx[i] = c[i] * g1 + s[i + h] * g2;
+    dx[i + h] = c[i + h] * g2 - s[i] * g1;
+    dcos[i] += g1 * x1;
+    dcos[i + h] += g2 * x2;
+    dsin[i] -= g1 * x2;
+    dsin[i + h] += g2 * x1;
+  }
 }
 
 struct Scratch {
@@ -93,7 +106,7 @@ struct Scratch {
 };
 
 template <typename T>
-void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
+JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
                   int64_t head_stride, const float* c, const float* s, Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
@@ -109,9 +122,9 @@ void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
 }
 
 template <typename T>
-void BackwardHeads(const RopeGeometry& g, const T* grad, const T* input, T* dinput,
-                   int64_t heads, int64_t head_stride, const float* c, const float* s,
-                   Scratch& scratch) {
+JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T* input,
+                                   T* dinput, int64_t heads, int64_t head_stride, const float* c,
+                                   const float* s, Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
   for (int64_t n = 0; n < heads; ++n) {
@@ -119,21 +132,22 @@ void BackwardHeads(const RopeGeometry& g, const T* grad, const T* input, T* dinp
     T* dx_row = dinput + n * head_stride;
     const float* gr = LoadRow(g_row, r, scratch.x.data());
     float* dx = OutRow(dx_row, scratch.out.data());
-    RotateHalfAdjoint(gr, c, s, dx, r / 2);
-    StoreRow(dx, r, dx_row);
-    if (r < d) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
     if (input != nullptr) {
       const float* x = LoadRow(input + n * head_stride, r, scratch.x2.data());
-      AccumulateCosSin(gr, x, scratch.dcos.data(), scratch.dsin.data(), r / 2);
+      RotateHalfAdjointWithTables(gr, x, c, s, dx, scratch.dcos.data(), scratch.dsin.data(),
+                                  r / 2);
+    } else {
+      RotateHalfAdjoint(gr, c, s, dx, r / 2);
     }
+    StoreRow(dx, r, dx_row);
+    if (r < d) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
   }
 }
 
-}  // namespace
-
 template <typename T>
-void RopeForward(const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t begin,
-                 int64_t end) {
+JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
+                                                   const RopeForwardArgs<T>& a, int64_t begin,
+                                                   int64_t end) {
   Scratch scratch(g.head_dim, g.rotary_dim);
   const int64_t r = g.rotary_dim;
   for (int64_t t = begin; t < end; ++t) {
@@ -152,49 +166,103 @@ void RopeForward(const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t beg
 }
 
 template <typename T>
-void RopeBackward(const RopeGeometry& g, const RopeBackwardArgs<T>& a, int64_t begin,
-                  int64_t end) {
+JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardArgs<T>& a,
+                                      int64_t begin, int64_t end) {
   Scratch scratch(g.head_dim, g.rotary_dim);
   const int64_t r = g.rotary_dim;
   const bool with_inputs = a.query != nullptr;
-  // With cos batch 1, one cos row serves every batch entry at that position.
-  const int64_t batches_per_row = g.cos_batch == 1 ? g.batch : 1;
-  for (int64_t row = begin; row < end; ++row) {
-    const int64_t cb = row / g.seq;
-    const int64_t pos = row % g.seq;
-    const int64_t cos_offset = cb * g.cos.batch + pos * g.cos.seq;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = t / g.seq;
+    const int64_t pos = t % g.seq;
+    const int64_t cos_offset = (g.cos_batch == 1 ? 0 : b) * g.cos.batch + pos * g.cos.seq;
     const float* c = LoadRow(a.cos + cos_offset, r, scratch.c.data());
     const float* s = LoadRow(a.sin + cos_offset, r, scratch.s.data());
     std::fill(scratch.dcos.begin(), scratch.dcos.end(), 0.0f);
     std::fill(scratch.dsin.begin(), scratch.dsin.end(), 0.0f);
-    for (int64_t i = 0; i < batches_per_row; ++i) {
-      const int64_t b = g.cos_batch == 1 ? i : cb;
-      const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
-      const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
-      BackwardHeads(g, a.grad_query + q_offset, with_inputs ? a.query + q_offset : nullptr,
-                    a.dquery + q_offset, g.q_heads, g.q.head, c, s, scratch);
-      BackwardHeads(g, a.grad_key + k_offset, with_inputs ? a.key + k_offset : nullptr,
-                    a.dkey + k_offset, g.k_heads, g.k.head, c, s, scratch);
+    const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
+    const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
+    BackwardHeads(g, a.grad_query + q_offset, with_inputs ? a.query + q_offset : nullptr,
+                  a.dquery + q_offset, g.q_heads, g.q.head, c, s, scratch);
+    BackwardHeads(g, a.grad_key + k_offset, with_inputs ? a.key + k_offset : nullptr,
+                  a.dkey + k_offset, g.k_heads, g.k.head, c, s, scratch);
+    if (!with_inputs) continue;
+    if (a.partial != nullptr) {  // cos broadcasts over the batch: pass 2 sums
+      std::copy(scratch.dcos.begin(), scratch.dcos.end(), a.partial + t * r);
+      std::copy(scratch.dsin.begin(), scratch.dsin.end(), a.partial + (g.tokens() + t) * r);
+      continue;
     }
-    if (with_inputs) {
-      T* dcos_row = a.dcos + cos_offset;
-      T* dsin_row = a.dsin + cos_offset;
-      for (int64_t i = 0; i < r; ++i) {
-        dcos_row[i] = FromFloat<T>(scratch.dcos[i]);
-        dsin_row[i] = FromFloat<T>(scratch.dsin[i]);
-      }
+    for (int64_t i = 0; i < r; ++i) {
+      a.dcos[cos_offset + i] = FromFloat<T>(scratch.dcos[i]);
+      a.dsin[cos_offset + i] = FromFloat<T>(scratch.dsin[i]);
     }
   }
 }
 
-#define JAX_ROPE_INSTANTIATE(T)                                                         \
-  template void RopeForward<T>(const RopeGeometry&, const RopeForwardArgs<T>&, int64_t, \
-                               int64_t);                                                \
-  template void RopeBackward<T>(const RopeGeometry&, const RopeBackwardArgs<T>&, int64_t, \
-                                int64_t);
-JAX_ROPE_INSTANTIATE(float)
-JAX_ROPE_INSTANTIATE(BFloat16)
-JAX_ROPE_INSTANTIATE(Float16)
-#undef JAX_ROPE_INSTANTIATE
+template <typename T>
+JAX_ROPE_INLINE void RopeReduceTablesImpl(const RopeGeometry& g, const RopeBackwardArgs<T>& a,
+                                          int64_t begin, int64_t end) {
+  if (a.partial == nullptr || a.dcos == nullptr) return;
+  const int64_t r = g.rotary_dim;
+  std::vector<float> dcos(r), dsin(r);
+  for (int64_t pos = begin; pos < end; ++pos) {
+    std::fill(dcos.begin(), dcos.end(), 0.0f);
+    std::fill(dsin.begin(), dsin.end(), 0.0f);
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const float* pc = a.partial + (b * g.seq + pos) * r;
+      const float* ps = a.partial + (g.tokens() + b * g.seq + pos) * r;
+      for (int64_t i = 0; i < r; ++i) dcos[i] += pc[i];
+      for (int64_t i = 0; i < r; ++i) dsin[i] += ps[i];
+    }
+    for (int64_t i = 0; i < r; ++i) {
+      a.dcos[pos * g.cos.seq + i] = FromFloat<T>(dcos[i]);
+      a.dsin[pos * g.cos.seq + i] = FromFloat<T>(dsin[i]);
+    }
+  }
+}
+
+// Each entry point is compiled for AVX2 and for baseline x86-64 and picked at
+// load time (GCC function multi-versioning): the 16-bit conversions vectorise
+// about twice as wide with AVX2, and wheels cannot assume it.
+#define JAX_ROPE_DEFINE(T, NAME)                                                         \
+  __attribute__((target_clones("avx2", "default"))) void RopeForward##NAME(              \
+      const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t begin, int64_t end) {  \
+    RopeForwardImpl(g, a, begin, end);                                                   \
+  }                                                                                      \
+  __attribute__((target_clones("avx2", "default"))) void RopeBackward##NAME(             \
+      const RopeGeometry& g, const RopeBackwardArgs<T>& a, int64_t begin, int64_t end) { \
+    RopeBackwardImpl(g, a, begin, end);                                                  \
+  }                                                                                      \
+  void RopeReduceTables##NAME(const RopeGeometry& g, const RopeBackwardArgs<T>& a,        \
+                              int64_t begin, int64_t end) {                              \
+    RopeReduceTablesImpl(g, a, begin, end);                                              \
+  }
+JAX_ROPE_DEFINE(float, F32)
+JAX_ROPE_DEFINE(BFloat16, BF16)
+JAX_ROPE_DEFINE(Float16, F16)
+#undef JAX_ROPE_DEFINE
+#undef JAX_ROPE_INLINE
+
+}  // namespace
+
+#define JAX_ROPE_SPECIALIZE(T, NAME)                                                       \
+  template <>                                                                              \
+  void RopeForward<T>(const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t begin,   \
+                      int64_t end) {                                                       \
+    RopeForward##NAME(g, a, begin, end);                                                   \
+  }                                                                                        \
+  template <>                                                                              \
+  void RopeBackward<T>(const RopeGeometry& g, const RopeBackwardArgs<T>& a, int64_t begin, \
+                       int64_t end) {                                                      \
+    RopeBackward##NAME(g, a, begin, end);                                                  \
+  }                                                                                        \
+  template <>                                                                              \
+  void RopeReduceTables<T>(const RopeGeometry& g, const RopeBackwardArgs<T>& a,            \
+                           int64_t begin, int64_t end) {                                   \
+    RopeReduceTables##NAME(g, a, begin, end);                                              \
+  }
+JAX_ROPE_SPECIALIZE(float, F32)
+JAX_ROPE_SPECIALIZE(BFloat16, BF16)
+JAX_ROPE_SPECIALIZE(Float16, F16)
+#undef JAX_ROPE_SPECIALIZE
 
 }  // namespace jax_rope::cpu

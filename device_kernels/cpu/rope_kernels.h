@@ -1,9 +1,9 @@
 // Fused Q/K rotary position embedding on the CPU (spec/rope.md).
 // Arithmetic is float32; 16-bit outputs are rounded once at the end.
-// Each call handles a range of work items so the caller can parallelise:
-// the forward over tokens (batch * seq), the backward over cos rows
-// (cos_batch * seq), which keeps the dcos/dsin reduction race-free and
-// deterministic.
+// Each call handles a range of work items so the caller can parallelise. Both
+// directions walk tokens (batch * seq) in memory order; when cos broadcasts
+// over the batch, the backward leaves per-token dcos/dsin rows in float
+// scratch and a second pass sums them in batch order (race-free, deterministic).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,7 @@ struct RopeBackwardArgs {
   T* dkey;
   T* dcos;  // null when query/key are null
   T* dsin;
+  float* partial = nullptr;  // RopeBackwardPartialFloats(g) floats of scratch, or null
 };
 
 // Tokens [begin, end) of batch * seq; every mode.
@@ -42,9 +43,23 @@ template <typename T>
 void RopeForward(const RopeGeometry& g, const RopeForwardArgs<T>& args, int64_t begin,
                  int64_t end);
 
-// Cos rows [begin, end) of cos_batch * seq; half mode only.
+// Floats of scratch (args.partial) the backward needs for dcos/dsin: nonzero
+// only when cos broadcasts over a batch larger than 1.
+inline int64_t RopeBackwardPartialFloats(const RopeGeometry& g) {
+  return g.cos_batch == 1 && g.batch > 1 ? 2 * g.tokens() * g.rotary_dim : 0;
+}
+
+// Backward pass 1, tokens [begin, end); half mode only: dquery, dkey and, with
+// query/key, each token's dcos/dsin (summed over heads) into dcos/dsin, or into
+// args.partial when cos broadcasts over the batch.
 template <typename T>
 void RopeBackward(const RopeGeometry& g, const RopeBackwardArgs<T>& args, int64_t begin,
                   int64_t end);
+
+// Backward pass 2 (only with args.partial), positions [begin, end) of seq:
+// dcos/dsin = the partial rows summed over the batch, in batch order.
+template <typename T>
+void RopeReduceTables(const RopeGeometry& g, const RopeBackwardArgs<T>& args, int64_t begin,
+                      int64_t end);
 
 }  // namespace jax_rope::cpu

@@ -111,7 +111,10 @@ void RunBackward(const Executor& e) {
   Geometry(static_cast<int32_t>(e.layout), 0, e.t[0], e.t[1], e.t[2], &g);
   auto p = [&](int i) { return e.t[i] ? static_cast<T*>(e.t[i]->data) : nullptr; };
   jax_rope::cpu::RopeBackwardArgs<T> args{p(0), p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9)};
-  jax_rope::cpu::RopeBackward(g, args, 0, g.cos_rows());
+  std::vector<float> partial(args.query != nullptr ? jax_rope::cpu::RopeBackwardPartialFloats(g) : 0);
+  args.partial = partial.empty() ? nullptr : partial.data();
+  jax_rope::cpu::RopeBackward(g, args, 0, g.tokens());
+  jax_rope::cpu::RopeReduceTables(g, args, 0, g.seq);
 }
 
 template <template <typename> class Run>
