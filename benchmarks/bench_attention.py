@@ -54,22 +54,38 @@ def fwd_bwd(fn):
     return step
 
 
-def band_peak_memory_child(seq: int) -> None:
-    """Run in a child process: one band forward+backward at `seq`, print peak RSS."""
+def peak_rss_gib() -> float:
+    """This process's peak resident memory. VmHWM belongs to the current program
+    image; ru_maxrss would include the parent's peak inherited through fork."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # KiB -> GiB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def band_peak_memory_child(seq: int, backward: bool) -> None:
+    """Run in a child process: one band forward (or forward+backward) at `seq`;
+    prints the peak memory of the whole process."""
     q, k, v = inputs(seq)
-    fn = jax.jit(fwd_bwd(ours(4, pre_tokens=256, next_tokens=0)))
+    fn = ours(4, pre_tokens=256, next_tokens=0)
+    fn = jax.jit(fwd_bwd(fn) if backward else fn)
     with jr.backend("ffi"):
         jax.block_until_ready(fn(q, k, v))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)  # KiB -> GiB
+    print(peak_rss_gib())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--band-memory-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--with-backward", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.band_memory_child:
-        return band_peak_memory_child(args.band_memory_child)
+        return band_peak_memory_child(args.band_memory_child, args.with_backward)
     scale = 8 if args.quick else 1
     cases = [  # name, seq, ours, peer, wrap
         ("causal fwd", 4096 // scale, ours(2), peer(is_causal=True), lambda f: f),
@@ -88,13 +104,18 @@ def main() -> None:
         print(f"  {name:28s} S={seq:5d}: ffi {t_ffi:9.1f} ms, dot_product_attention "
               f"{t_peer:9.1f} ms, ratio {t_peer / t_ffi:5.2f}x")
     long_seq = 32768 // scale
-    child = subprocess.run([sys.executable, __file__, "--band-memory-child", str(long_seq)],
-                           capture_output=True, text=True, check=True)
-    peak = float(child.stdout.strip().splitlines()[-1])
-    print(f"  band fwd+bwd S={long_seq}: peak memory {peak:.2f} GiB (whole process)")
+    peaks = {}
+    for label, extra in (("fwd", []), ("fwd+bwd", ["--with-backward"])):
+        child = subprocess.run(
+            [sys.executable, __file__, "--band-memory-child", str(long_seq)] + extra,
+            capture_output=True, text=True, check=True)
+        peaks[label] = float(child.stdout.strip().splitlines()[-1])
+        print(f"  band {label:7s} S={long_seq}: peak memory {peaks[label]:.2f} GiB "
+              "(whole process, inputs included)")
     print(json.dumps({"benchmark": "attention",
                       "ratios": {k: round(v, 2) for k, v in ratios.items()},
-                      "band_peak_gib": round(peak, 2), "band_seq": long_seq}))
+                      "band_peak_gib": {k: round(v, 2) for k, v in peaks.items()},
+                      "band_seq": long_seq}))
 
 
 if __name__ == "__main__":
