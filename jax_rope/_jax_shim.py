@@ -1,4 +1,5 @@
-"""The one place that touches private JAX: a config state for the backend.
+"""The one place that touches private JAX: a config state for the backend,
+platform registration for the NPU, and devices while lowering for partitioning.
 
 The backend choice must be part of JAX's jit cache key, or a function traced
 under one backend would silently keep it after `set_backend`. JAX has no public
@@ -99,3 +100,18 @@ def on_plugins_discovered(callback) -> None:
         xla_bridge.register_plugin_callbacks(lambda c_api=None: callback())
     except (ImportError, AttributeError):  # pragma: no cover
         pass
+
+
+# --- partitioning (see jax_rope/sharding.py) ------------------------------------
+# A lowering that calls custom_partitioning needs the device assignment; jit
+# computes it during lowering only for primitives in a private set.
+
+def require_devices_during_lowering(prim) -> bool:
+    """Makes jit pass the device assignment when lowering `prim`. Returns False
+    where this JAX has no such set (sharded calls then fail to lower there)."""
+    try:
+        from jax._src import dispatch  # private: see module docstring
+        dispatch.prim_requires_devices_during_lowering.add(prim)
+        return True
+    except (ImportError, AttributeError):  # pragma: no cover - other JAX versions
+        return False

@@ -28,6 +28,10 @@ attention_bwd_p.multiple_results = True
 
 FFI_TARGETS = ("jax_rope_attention_scores", "jax_rope_attention_fwd", "jax_rope_attention_bwd")
 
+#: Each primitive's own default/cpu lowering rule, rule(ctx, *args, options, platform=None):
+#: kernel or fallback by options.backend. jax_rope/sharding.py wraps these.
+LOWERING_RULES = {}
+
 
 def _aval(shape, dtype):
     return jax.core.ShapedArray(tuple(shape), jnp.dtype(dtype))
@@ -165,7 +169,7 @@ def _register(prim, abstract_eval, batch_rule, target, fallback, npu_rule=None):
     prim.def_impl(functools.partial(xla.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = batch_rule
-    rule = _lowering(target, fallback)
+    rule = LOWERING_RULES[prim] = _lowering(target, fallback)
     mlir.register_lowering(prim, rule)
     mlir.register_lowering(prim, functools.partial(rule, platform="cpu"), platform="cpu")
     if npu_rule is not None:  # the Ascend NPU (jax_rope/npu.py); scores: fallback there

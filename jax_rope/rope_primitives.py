@@ -25,6 +25,10 @@ rope_bwd_p.multiple_results = True
 
 FFI_TARGETS = ("jax_rope_rope_fwd", "jax_rope_rope_bwd", "jax_rope_rope_bwd_no_inputs")
 
+#: Each primitive's own default/cpu lowering rule, rule(ctx, *args, options, platform=None):
+#: kernel or fallback by options.backend. jax_rope/sharding.py wraps these.
+LOWERING_RULES = {}
+
 
 def _aval(x):
     return jax.core.ShapedArray(x.shape, x.dtype)
@@ -129,7 +133,7 @@ def _register(prim, abstract_eval, batch_rule, ffi_target, fallback, npu_rule):
     prim.def_impl(functools.partial(xla.apply_primitive, prim))
     prim.def_abstract_eval(abstract_eval)
     batching.primitive_batchers[prim] = batch_rule
-    rule = _lowering(ffi_target, fallback)
+    rule = LOWERING_RULES[prim] = _lowering(ffi_target, fallback)
     mlir.register_lowering(prim, rule)
     mlir.register_lowering(prim, functools.partial(rule, platform="cpu"), platform="cpu")
     npu.register_rule(prim, npu_rule(fallback))  # the Ascend NPU (jax_rope/npu.py)

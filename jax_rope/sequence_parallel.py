@@ -1,7 +1,8 @@
 """Sequence-parallel cuts of packed (TND) causal attention with sparse modes 7 and 8.
 
 `varlen_sequence_parallel_split` cuts the packed query tokens into contiguous
-pieces, one per shard; a sequence may be cut, across any number of shards. Each
+pieces, one per shard (about equal sizes, or at the caller's `cuts`); a sequence
+may be cut, across any number of shards. Each
 shard gets the key/value tokens its rows can see (one contiguous range; ranges
 of neighbouring shards overlap on a cut sequence) and the TND arguments that
 make `flash_attention_score` on its slices give exactly its rows of the uncut
@@ -90,9 +91,15 @@ def varlen_sequence_parallel_split(actual_seq_qlen, actual_seq_kvlen, num_shards
       actual_seq_qlen, actual_seq_kvlen: the uncut cumulative TND lengths (concrete).
       num_shards: number of contiguous query pieces.
       sparse_mode: 2 (leftUpCausal) or 3 (rightDownCausal) of the uncut call.
-      cuts: optional query token positions where pieces end (num_shards - 1
-        non-decreasing values in [0, Tq]); by default pieces of about equal size,
+      cuts: where the pieces meet, as packed query token positions: num_shards - 1
+        non-decreasing ints in [0, Tq]; the first piece starts at 0, the last ends
+        at Tq, equal neighbouring cuts give an empty piece. E.g. cuts=[5] with
+        Tq = 16: pieces [0, 5) and [5, 16). None (the default): pieces of about
+        equal size, differing by at most one token,
         piece p = [p * Tq // num_shards, (p + 1) * Tq // num_shards).
+        Pass cuts to cut where a plan needs it: the worked examples of
+        spec/attention.md cut after 5 of 16 tokens, and under a causal mask equal
+        token counts are not equal work (later rows see more keys).
 
     Returns:
       A list of `SequenceParallelShard`, one per shard: flash_attention_score(
@@ -116,7 +123,7 @@ def varlen_sequence_parallel_split(actual_seq_qlen, actual_seq_kvlen, num_shards
         cuts = [p * total // num_shards for p in range(1, num_shards)]
     cuts = [int(c) for c in cuts]
     bounds = [0] + cuts + [total]
-    if len(cuts) != num_shards - 1 or any(b > a for b, a in zip(bounds, bounds[1:])) \
+    if len(cuts) != num_shards - 1 or any(a > b for a, b in zip(bounds, bounds[1:])) \
             or not 0 <= min(bounds) <= max(bounds) <= total:
         raise ValueError(f"cuts must be {num_shards - 1} non-decreasing positions in "
                          f"[0, {total}], got {cuts}")

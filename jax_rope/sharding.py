@@ -1,8 +1,8 @@
 """Partitioning rules: every primitive splits over batch and heads without communication.
 
-Mechanism: each primitive's lowering (cpu and default platform) is wrapped in a
-`jax.experimental.custom_partitioning` call around a private "local" twin of the
-primitive, which lowers exactly as the primitive always did (kernel or fallback,
+Mechanism: each primitive's own lowering rule (cpu and default platform, from
+its module's LOWERING_RULES) is wrapped in a `jax.experimental.custom_partitioning`
+call around a private "local" twin of the primitive, which lowers exactly as the primitive always did (kernel or fallback,
 by options.backend). Because the wrapping happens at lowering time, jit, vmap
 (folded before lowering), grad (custom_vjp over fwd/bwd primitives), scan and
 the backend switch all see the ordinary primitives; with one device, or inside
@@ -33,7 +33,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_rope import attention_fallback, attention_primitives, rope_fallback, rope_primitives
+from jax_rope import _jax_shim, attention_primitives, rope_primitives
 
 _GROUPS = (("b",), ("s",), ("h", "g"))  # factors sharing mesh axes are decided together
 
@@ -261,34 +261,15 @@ def _install(prim, rule):
 
     mlir.register_lowering(prim, lowering)
     mlir.register_lowering(prim, lowering, platform="cpu")
-    _requires_devices(prim)
+    # custom_partitioning needs the device assignment while lowering; jit computes it
+    # only for primitives that ask for it.
+    _jax_shim.require_devices_during_lowering(prim)
     return local
-
-
-def _requires_devices(prim):
-    """custom_partitioning needs the device assignment while lowering; jit computes it
-    only for primitives in this (private) set, so ours join it."""
-    try:
-        from jax._src import dispatch  # private: no public form (see module docstring)
-        dispatch.prim_requires_devices_during_lowering.add(prim)
-    except (ImportError, AttributeError):  # pragma: no cover - other JAX versions
-        pass
 
 
 # The twins lower with the primitives' own rules (kernel where allowed, else jnp).
 LOCAL_PRIMITIVES = {
-    rope_primitives.rope_fwd_p: _install(rope_primitives.rope_fwd_p, rope_primitives._lowering(
-        lambda num_args: "jax_rope_rope_fwd", rope_fallback.rope_forward)),
-    rope_primitives.rope_bwd_p: _install(rope_primitives.rope_bwd_p, rope_primitives._lowering(
-        lambda num_args: ("jax_rope_rope_bwd" if num_args == 6
-                          else "jax_rope_rope_bwd_no_inputs"), rope_fallback.rope_backward)),
-    attention_primitives.attention_scores_p: _install(
-        attention_primitives.attention_scores_p, attention_primitives._lowering(
-            "jax_rope_attention_scores", attention_fallback.attention_scores)),
-    attention_primitives.attention_fwd_p: _install(
-        attention_primitives.attention_fwd_p, attention_primitives._lowering(
-            "jax_rope_attention_fwd", attention_fallback.attention_forward)),
-    attention_primitives.attention_bwd_p: _install(
-        attention_primitives.attention_bwd_p, attention_primitives._lowering(
-            "jax_rope_attention_bwd", attention_fallback.attention_backward)),
+    prim: _install(prim, rule)
+    for rules in (rope_primitives.LOWERING_RULES, attention_primitives.LOWERING_RULES)
+    for prim, rule in rules.items()
 }

@@ -81,6 +81,25 @@ def test_one_sequence_across_many_shards():
     _check_split(rng, [17], [13], 4, 3)  # the first rows see no key: truncated key ranges
 
 
+@pytest.mark.parametrize("total,shards", [(16, 2), (17, 5), (3, 4), (0, 3)])
+def test_default_pieces_are_about_equal(total, shards):
+    pieces = jr.varlen_sequence_parallel_split([total], [total], shards, 3)
+    sizes = [s.q_end - s.q_start for s in pieces]
+    assert pieces[0].q_start == 0 and pieces[-1].q_end == total
+    assert all(a.q_end == b.q_start for a, b in zip(pieces, pieces[1:]))
+    assert sum(sizes) == total and max(sizes) - min(sizes) <= 1
+
+
+def test_cuts_choose_the_pieces():
+    pieces = jr.varlen_sequence_parallel_split([3, 7, 12, 16], [3, 9, 14, 18], 3, 3,
+                                               cuts=[5, 5])
+    assert [(s.q_start, s.q_end) for s in pieces] == [(0, 5), (5, 5), (5, 16)]
+    with pytest.raises(ValueError, match="cuts"):
+        jr.varlen_sequence_parallel_split([16], [16], 3, 2, cuts=[9, 4])
+    with pytest.raises(ValueError, match="cuts"):
+        jr.varlen_sequence_parallel_split([16], [16], 3, 2, cuts=[4])
+
+
 def test_validation():
     with pytest.raises(ValueError, match="sparse_mode"):
         jr.varlen_sequence_parallel_split([4], [4], 2, 4)

@@ -116,8 +116,6 @@ def check_context_parallel(backend, devices):
              ("ring", False, dict(sparse_mode=0)),
              ("all_gather", False, dict(sparse_mode=4, pre_tokens=5, next_tokens=2)),
              ("ring", True, dict(sparse_mode=4, pre_tokens=3, next_tokens=-1))]
-    if devices == 8:
-        cases = cases[:2]
     with jr.backend(backend):
         for strategy, balance, kw in cases:
             want = jr.flash_attention_score(q, k, v, **kw)[0]
