@@ -30,7 +30,8 @@ _ffi_probe = {}
 
 
 def ffi_unavailable_reason():
-    """None when the ffi backend runs a tiny call, else the error text (probed once)."""
+    """None when the ffi backend runs a tiny RoPE and attention call, else the error
+    text (probed once)."""
     if "reason" not in _ffi_probe:
         import jax.numpy as jnp
 
@@ -39,7 +40,8 @@ def ffi_unavailable_reason():
             with jr.backend("ffi"):
                 x = jnp.ones((1, 1, 1, 2), jnp.float32)
                 q, _ = jr.apply_rotary_pos_emb(x, x, x, x)
-                q.block_until_ready()
+                out, _, _ = jr.flash_attention_score(q, q, q)
+                out.block_until_ready()
             _ffi_probe["reason"] = None
         except Exception as e:  # noqa: BLE001 - reported verbatim below
             _ffi_probe["reason"] = f"{type(e).__name__}: {e}"
