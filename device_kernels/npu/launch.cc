@@ -261,6 +261,10 @@ std::string Prepare(const Device& device, const AttentionConfig& config, const D
   return "";
 }
 
+// The reserved outputs softmaxOutOut and dpseOut are required (not
+// "Optional"): like torch_npu, pass an empty tensor of query's dtype.
+DeviceTensor Empty(const DeviceTensor& like) { return DeviceTensor{nullptr, {0}, like.dtype}; }
+
 // SBND buffers are passed as SBH: (S, B, N * D).
 std::vector<int64_t> AttentionView(const DeviceTensor& t, int32_t layout) {
   if (layout != 2) return t.dims;
@@ -287,6 +291,8 @@ std::string AttentionForward(const Device& device, const AttentionConfig& config
   aclTensor* o = d.Tensor(&out, AttentionView(out, L));
   aclTensor* smax = d.Tensor(&softmax_max);
   aclTensor* ssum = d.Tensor(&softmax_sum);
+  const DeviceTensor empty = Empty(query);
+  aclTensor* softmax_out = d.Tensor(&empty);
   aclIntArray* prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
   if (!d.ok()) return Failure("aclCreateTensor", -1);
   uint64_t workspace_size = 0;
@@ -298,14 +304,14 @@ std::string AttentionForward(const Device& device, const AttentionConfig& config
     aclnnStatus status = api.aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
         q, k, v, nullptr, nullptr, nullptr, m, prefix, q_ends, kv_ends, config.scale, 1.0,
         config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0,
-        config.sparse_mode, smax, ssum, nullptr, o, &workspace_size, &executor);
+        config.sparse_mode, smax, ssum, softmax_out, o, &workspace_size, &executor);
     return Launch(device, "aclnnFlashAttentionVarLenScore", status, workspace_size, executor,
                   api.aclnnFlashAttentionVarLenScore);
   }
   aclnnStatus status = api.aclnnFlashAttentionScoreGetWorkspaceSize(
       q, k, v, nullptr, nullptr, nullptr, m, prefix, config.scale, 1.0, config.pre_tokens,
       config.next_tokens, call.head_num, call.layout.data(), 0, config.sparse_mode, smax, ssum,
-      nullptr, o, &workspace_size, &executor);
+      softmax_out, o, &workspace_size, &executor);
   return Launch(device, "aclnnFlashAttentionScore", status, workspace_size, executor,
                 api.aclnnFlashAttentionScore);
 }
@@ -334,6 +340,8 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
   aclTensor* dq = d.Tensor(&dquery, AttentionView(dquery, L));
   aclTensor* dk = d.Tensor(&dkey, AttentionView(dkey, L));
   aclTensor* dv = d.Tensor(&dvalue, AttentionView(dvalue, L));
+  const DeviceTensor empty = Empty(query);
+  aclTensor* dpse = d.Tensor(&empty);
   aclIntArray* prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
   if (!d.ok()) return Failure("aclCreateTensor", -1);
   uint64_t workspace_size = 0;
@@ -345,7 +353,7 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
     aclnnStatus status = api.aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
         q, k, v, dy, nullptr, nullptr, nullptr, m, smax, ssum, nullptr, o, prefix, q_ends,
         kv_ends, config.scale, 1.0, config.pre_tokens, config.next_tokens, call.head_num,
-        call.layout.data(), 0, config.sparse_mode, dq, dk, dv, nullptr, &workspace_size,
+        call.layout.data(), 0, config.sparse_mode, dq, dk, dv, dpse, &workspace_size,
         &executor);
     return Launch(device, "aclnnFlashAttentionUnpaddingScoreGrad", status, workspace_size,
                   executor, api.aclnnFlashAttentionUnpaddingScoreGrad);
@@ -353,7 +361,7 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
   aclnnStatus status = api.aclnnFlashAttentionScoreGradGetWorkspaceSize(
       q, k, v, dy, nullptr, nullptr, nullptr, m, smax, ssum, nullptr, o, prefix, config.scale,
       1.0, config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0,
-      config.sparse_mode, dq, dk, dv, nullptr, &workspace_size, &executor);
+      config.sparse_mode, dq, dk, dv, dpse, &workspace_size, &executor);
   return Launch(device, "aclnnFlashAttentionScoreGrad", status, workspace_size, executor,
                 api.aclnnFlashAttentionScoreGrad);
 }

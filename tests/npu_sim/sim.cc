@@ -4,7 +4,8 @@
 // contract (dtypes, shapes, strides, ND format, layout codes, rotary_mode
 // strings, workspace, live descriptors, one launch per executor); a violation
 // returns an error status with a message for aclGetRecentErrMsg. Results come
-// from jax_rope's CPU kernels. Built by tests/test_npu_contract.py only, and
+// from jax_rope's CPU kernels; the attention operators live in attention.cc.
+// Built by tests/test_npu_contract.py only, and
 // installed as libascendcl.so, libnnopbase.so and libopapi.so (one library).
 #include <cstdlib>
 #include <cstring>
@@ -15,14 +16,12 @@
 
 #include "device_kernels/cpu/rope_kernels.h"
 #include "device_kernels/npu/acl_api.h"
+#include "tests/npu_sim/sim.h"
 
 namespace {
 
-struct Tensor {
-  std::vector<int64_t> dims;
-  int32_t dtype;
-  void* data;
-};
+using jax_rope_sim::Shape;
+using jax_rope_sim::Tensor;
 
 struct Executor {
   std::string op;
@@ -31,6 +30,7 @@ struct Executor {
   int64_t layout = 0;
   std::string mode;
   bool used = false;
+  std::shared_ptr<jax_rope_sim::AttentionPlan> attention;  // attention operators only
 };
 
 std::mutex g_mutex;
@@ -47,12 +47,6 @@ aclnnStatus Fail(aclnnStatus status, const std::string& message) {
 
 bool Live(const aclTensor* t) { return t == nullptr || g_tensors.count(t) != 0; }
 const Tensor* T(const aclTensor* t) { return reinterpret_cast<const Tensor*>(t); }
-
-std::string Shape(const Tensor* t) {
-  std::string s = "(";
-  for (size_t i = 0; i < t->dims.size(); ++i) s += (i ? ", " : "") + std::to_string(t->dims[i]);
-  return s + ")";
-}
 
 // --- the RoPE contract ---------------------------------------------------------
 
@@ -141,7 +135,8 @@ aclnnStatus Run(void* workspace, uint64_t size, aclOpExecutor* handle, const cha
   for (const Tensor* t : e->t) {
     if (t != nullptr && g_tensors.count(t) == 0) return Fail(kInvalid, std::string(op) + ": a descriptor was destroyed before launch");
   }
-  if (e->op == "aclnnApplyRotaryPosEmbV2") Dispatch<Fwd>(*e, e->t[0]->dtype);
+  if (e->attention) jax_rope_sim::RunAttention(*e->attention);
+  else if (e->op == "aclnnApplyRotaryPosEmbV2") Dispatch<Fwd>(*e, e->t[0]->dtype);
   else Dispatch<Bwd>(*e, e->t[0]->dtype);
   g_executors.erase(handle);  // one launch per executor
   delete e;
@@ -177,13 +172,15 @@ aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t n, int32_t dtype, 
                            int64_t offset, int32_t format, const int64_t* storage_dims,
                            uint64_t storage_n, void* data) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  // Our glue always passes dense row-major ND views of the whole buffer.
-  if (format != kAclFormatND || offset != 0 || data == nullptr || storage_n != n) { g_error = "bad tensor"; return nullptr; }
+  // Our glue always passes dense row-major ND views of the whole buffer (an
+  // empty tensor, for reserved outputs, may have no data).
+  if (format != kAclFormatND || offset != 0 || storage_n != n) { g_error = "bad tensor"; return nullptr; }
   int64_t expect = 1;
   for (int i = static_cast<int>(n) - 1; i >= 0; --i) {
-    if (view_dims[i] <= 0 || stride[i] != expect || storage_dims[i] != view_dims[i]) { g_error = "non-contiguous tensor"; return nullptr; }
+    if (view_dims[i] < 0 || stride[i] != expect || storage_dims[i] != view_dims[i]) { g_error = "non-contiguous tensor"; return nullptr; }
     expect *= view_dims[i];
   }
+  if (data == nullptr && expect != 0) { g_error = "tensor without data"; return nullptr; }
   auto* t = new Tensor{std::vector<int64_t>(view_dims, view_dims + n), dtype, data};
   g_tensors.insert(t);
   ++g_live_tensors;
@@ -270,13 +267,140 @@ aclnnStatus aclnnApplyRotaryPosEmbGrad(void* w, uint64_t n, aclOpExecutor* e, ac
   return Run(w, n, e, "aclnnApplyRotaryPosEmbGrad");
 }
 
-// --- libopapi: attention (not simulated yet: a clear error) --------------------------
-#define JAX_ROPE_SIM_UNSUPPORTED(name)                                                   \
-  aclnnStatus name##GetWorkspaceSize(...) { return Fail(kInvalid, #name " is not simulated"); } \
-  aclnnStatus name(void*, uint64_t, aclOpExecutor*, aclrtStream) { return Fail(kInvalid, #name " is not simulated"); }
-JAX_ROPE_SIM_UNSUPPORTED(aclnnFlashAttentionScore)
-JAX_ROPE_SIM_UNSUPPORTED(aclnnFlashAttentionVarLenScore)
-JAX_ROPE_SIM_UNSUPPORTED(aclnnFlashAttentionScoreGrad)
-JAX_ROPE_SIM_UNSUPPORTED(aclnnFlashAttentionUnpaddingScoreGrad)
+}  // extern "C"
+
+// --- libopapi: attention (checked and computed in attention.cc) ------------------
+
+namespace {
+
+const std::vector<int64_t>* Array(const aclIntArray* a, bool* ok) {
+  if (a != nullptr && g_arrays.count(a) == 0) *ok = false;
+  return reinterpret_cast<const std::vector<int64_t>*>(a);
+}
+
+aclnnStatus PlanAttentionCall(jax_rope_sim::AttentionArgs& args, const aclTensor* const* tensors,
+                              size_t count, const aclIntArray* const* arrays,
+                              uint64_t* workspace, aclOpExecutor** executor) {
+  if (!workspace || !executor) return Fail(kNullptr, std::string(args.op) + ": null workspaceSize or executor");
+  for (size_t i = 0; i < count; ++i) {
+    if (!Live(tensors[i])) return Fail(kInvalid, std::string(args.op) + ": destroyed descriptor");
+  }
+  bool ok = true;
+  args.prefix = Array(arrays[0], &ok);
+  args.seq_q = Array(arrays[1], &ok);
+  args.seq_kv = Array(arrays[2], &ok);
+  if (!ok) return Fail(kInvalid, std::string(args.op) + ": unknown or destroyed aclIntArray");
+  std::shared_ptr<jax_rope_sim::AttentionPlan> plan;
+  bool null_argument = false;
+  if (std::string e = jax_rope_sim::PlanAttention(args, &plan, &null_argument); !e.empty()) {
+    return Fail(null_argument ? kNullptr : kInvalid, e);
+  }
+  auto* e = new Executor{args.op, WorkspaceFor(args.query), jax_rope_sim::PlanTensors(*plan), 0, ""};
+  e->attention = std::move(plan);
+  g_executors.insert(e);
+  *workspace = e->workspace;
+  *executor = reinterpret_cast<aclOpExecutor*>(e);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* pse,
+    const aclTensor* drop, const aclTensor* pad, const aclTensor* mask, const aclIntArray* prefix,
+    double scale, double keep, int64_t pre, int64_t next, int64_t heads, char* layout,
+    int64_t inner, int64_t sparse, const aclTensor* smax, const aclTensor* ssum,
+    const aclTensor* sout, const aclTensor* out, uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionScore";
+  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sout), a.attention = T(out);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr};
+  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+}
+aclnnStatus aclnnFlashAttentionScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionScore");
+}
+
+aclnnStatus aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* pse,
+    const aclTensor* drop, const aclTensor* pad, const aclTensor* mask, const aclIntArray* prefix,
+    const aclIntArray* seq_q, const aclIntArray* seq_kv, double scale, double keep, int64_t pre,
+    int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
+    uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionVarLenScore";
+  a.varlen = true;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sout), a.attention = T(out);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv};
+  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+}
+aclnnStatus aclnnFlashAttentionVarLenScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionVarLenScore");
+}
+
+aclnnStatus aclnnFlashAttentionScoreGradGetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* dy,
+    const aclTensor* pse, const aclTensor* drop, const aclTensor* pad, const aclTensor* mask,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sin, const aclTensor* attn,
+    const aclIntArray* prefix, double scale, double keep, int64_t pre, int64_t next,
+    int64_t heads, char* layout, int64_t inner, int64_t sparse, const aclTensor* dq,
+    const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace,
+    aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionScoreGrad";
+  a.backward = true;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr};
+  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+}
+aclnnStatus aclnnFlashAttentionScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionScoreGrad");
+}
+
+aclnnStatus aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* dy,
+    const aclTensor* pse, const aclTensor* drop, const aclTensor* pad, const aclTensor* mask,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sin, const aclTensor* attn,
+    const aclIntArray* prefix, const aclIntArray* seq_q, const aclIntArray* seq_kv, double scale,
+    double keep, int64_t pre, int64_t next, int64_t heads, char* layout, int64_t inner,
+    int64_t sparse, const aclTensor* dq, const aclTensor* dk, const aclTensor* dv,
+    const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionUnpaddingScoreGrad";
+  a.varlen = a.backward = true;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv};
+  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+}
+aclnnStatus aclnnFlashAttentionUnpaddingScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionUnpaddingScoreGrad");
+}
 
 }  // extern "C"
