@@ -9,6 +9,7 @@
 
 #include "device_kernels/cpu/rope_kernels.h"
 #include "xla_ffi/dtype_dispatch.h"
+#include "xla_ffi/huge_pages.h"
 #include "xla_ffi/parallel.h"
 
 namespace ffi = xla::ffi;
@@ -76,6 +77,9 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
       error.failure()) {
     return error;
   }
+  for (ffi::AnyBuffer* out : {&*query_out, &*key_out}) {
+    AdviseHugePages(out->untyped_data(), out->size_bytes());
+  }
   return DispatchFloat(kOp, query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const cpu::RopeForwardArgs<T> args{Data<T>(query), Data<T>(key),        Data<T>(cos),
@@ -113,6 +117,9 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
     outputs.push_back({{"dsin", dsin}, {"sin", &sin}});
   }
   if (ffi::Error error = CheckBuffers(kOp, inputs, outputs); error.failure()) return error;
+  for (ffi::AnyBuffer* out : {&dquery, &dkey}) {
+    AdviseHugePages(out->untyped_data(), out->size_bytes());
+  }
   return DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool with_inputs = query != nullptr;
