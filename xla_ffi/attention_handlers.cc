@@ -24,16 +24,6 @@ using cpu::AttentionGeometry;
 using cpu::AxisRoles;
 using cpu::SequenceBand;
 
-std::vector<int64_t> DimsOf(const ffi::AnyBuffer& buffer) {
-  auto dims = buffer.dimensions();
-  return std::vector<int64_t>(dims.begin(), dims.end());
-}
-
-template <typename T>
-T* Data(const ffi::AnyBuffer& buffer) {
-  return static_cast<T*>(buffer.untyped_data());
-}
-
 ffi::Error Fail(const std::string& message) {
   return ffi::Error::InvalidArgument("jax_rope attention: " + message);
 }

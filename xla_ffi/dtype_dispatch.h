@@ -1,13 +1,26 @@
-// Dtype dispatch shared by the FFI handlers: XLA element types to kernel types.
+// Shared by the FFI handlers: buffer accessors and dtype dispatch (XLA element
+// types to kernel types).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "device_kernels/cpu/float_convert.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_rope::ffi_support {
+
+inline std::vector<int64_t> DimsOf(const xla::ffi::AnyBuffer& buffer) {
+  auto dims = buffer.dimensions();
+  return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+template <typename T>
+T* Data(const xla::ffi::AnyBuffer& buffer) {
+  return static_cast<T*>(buffer.untyped_data());
+}
 
 struct NamedBuffer {
   const char* name;

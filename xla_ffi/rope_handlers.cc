@@ -19,16 +19,6 @@ namespace {
 
 using cpu::RopeGeometry;
 
-std::vector<int64_t> DimsOf(const ffi::AnyBuffer& buffer) {
-  auto dims = buffer.dimensions();
-  return std::vector<int64_t>(dims.begin(), dims.end());
-}
-
-template <typename T>
-T* Data(const ffi::AnyBuffer& buffer) {
-  return static_cast<T*>(buffer.untyped_data());
-}
-
 ffi::Error ShapeError(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string("jax_rope ") + op + ": " + message);
 }
