@@ -27,7 +27,7 @@ demo: $(STAMP)
 	$(PY) -m jax_rope demo
 
 # The kernels alone, without JAX: a C++ test against a double-precision reference.
-$(KERNEL_TEST): $(wildcard device_kernels/cpu/*.cc device_kernels/cpu/*.h device_kernels/cpu/tests/*.cc)
+$(KERNEL_TEST): $(wildcard device_kernels/cpu/*.cc device_kernels/cpu/*.h device_kernels/cpu/tests/*.cc device_kernels/cpu/tests/*.h)
 	mkdir -p build
 	$(CXX) -std=c++17 -O2 -fno-math-errno -fno-trapping-math -I. \
 		device_kernels/cpu/tests/attention_kernel_test.cc $(KERNEL_SOURCES) -lpthread -o $@

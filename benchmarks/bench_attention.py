@@ -12,26 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 import jax_rope as jr
-
-
-def timeit(fn, *args, repeats: int) -> float:
-    """Median wall time (ms) of a compiled call after one warm-up."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+from timing import timeit  # benchmarks/timing.py, beside this script
 
 
 def inputs(seq, heads=8, dim=128, batch=1):

@@ -12,27 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_rope as jr
+from timing import timeit  # benchmarks/timing.py, beside this script
 from jax_rope import rope_fallback
 from jax_rope.rope_options import make_options
-
-
-def timeit(fn, *args, repeats: int) -> float:
-    """Median wall time in milliseconds of a compiled call, after warm-up."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def rope(q, k, c, s):
