@@ -1,39 +1,49 @@
 # Quickstart: `make demo` and `make test` each set everything up from nothing:
 # a local virtual environment, the pinned build requirements, the editable
 # install with the test and notebook extras (which compiles the C++ extension),
-# then run.
+# then run. The C++ is described once, in CMakeLists.txt; `make kernel-test`
+# builds its test-only targets in build/tests and runs them with ctest.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+REQUIREMENTS := $(VENV)/.build-requirements-installed
 STAMP := $(VENV)/.jax_rope-installed
-SOURCES := pyproject.toml CMakeLists.txt $(wildcard xla_ffi/*.cc xla_ffi/*.h device_kernels/cpu/*.cc device_kernels/cpu/*.h device_kernels/npu/*.cc device_kernels/npu/*.h)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard xla_ffi/*.cc xla_ffi/*.h device_kernels/*/*.cc device_kernels/*/*.h)
+TEST_BUILD := build/tests
+CMAKE ?= cmake
+CTEST ?= ctest
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-KERNEL_TEST := build/attention_kernel_test
-KERNEL_SOURCES := device_kernels/cpu/attention_kernels.cc device_kernels/cpu/attention_tiles.cc
+.PHONY: demo test kernel-test native-tests bench info clean
 
-.PHONY: demo test kernel-test bench info clean
-
-$(STAMP): $(SOURCES)
+# The build requirements (jax pinned to the release the FFI headers come from)
+# are read from pyproject.toml, the one place they are written.
+$(REQUIREMENTS): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# The build requirements (jax pinned to the release the FFI headers come from)
-	# are read from pyproject.toml, the one place they are written.
 	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" > $(VENV)/build-requirements.txt
 	$(PY) -m pip install --quiet -r $(VENV)/build-requirements.txt
+	touch $@
+
+$(STAMP): $(REQUIREMENTS) $(SOURCES)
 	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,notebooks]"
-	touch $(STAMP)
+	touch $@
 
 demo: $(STAMP)
 	$(PY) -m jax_rope demo
 
-# The kernels alone, without JAX: a C++ test against a double-precision reference.
-$(KERNEL_TEST): $(wildcard device_kernels/cpu/*.cc device_kernels/cpu/*.h device_kernels/cpu/tests/*.cc device_kernels/cpu/tests/*.h)
-	mkdir -p build
-	$(CXX) -std=c++17 -O2 -fno-math-errno -fno-trapping-math -I. \
-		device_kernels/cpu/tests/attention_kernel_test.cc $(KERNEL_SOURCES) -lpthread -o $@
+# The tests' C++ (CMake option JAX_ROPE_BUILD_TESTS; the extension module is
+# the wheel's, so it is not built again here): the kernel tests, the simulated
+# CANN runtime and the NPU handlers' host twins. tests/native_build.py finds
+# them here (and configures the same way when pytest runs alone).
+native-tests: $(REQUIREMENTS)
+	$(CMAKE) -S . -B $(TEST_BUILD) -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-DJAX_ROPE_BUILD_TESTS=ON -DJAX_ROPE_BUILD_MODULE=OFF
+	$(CMAKE) --build $(TEST_BUILD) --parallel $(JOBS)
 
-kernel-test: $(KERNEL_TEST)
-	$(KERNEL_TEST)
+# The kernels alone, without JAX, against double-precision references.
+kernel-test: native-tests
+	cd $(TEST_BUILD) && $(CTEST) --output-on-failure
 
 test: $(STAMP) kernel-test
 	$(PY) -m pytest -q

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import jax_rope as jr
-from jax_rope import _extension
+from jax_rope.core import extension as _extension
+from jax_rope.core.codes import Layout, RotaryMode
 
 pytestmark = pytest.mark.skipif(not _extension.STATUS.loaded,
                                 reason="compiled extension not loaded")
 
-HALF, QUARTER = np.int32(0), np.int32(1)
-BSND, TND = np.int32(1), np.int32(4)
+HALF, QUARTER = np.int32(RotaryMode.HALF), np.int32(RotaryMode.QUARTER)
+BSND, TND = np.int32(Layout.BSND), np.int32(Layout.TND)
 
 
 def call_forward(query, key, cos, sin, layout=BSND, rotary_mode=HALF, out_shapes=None):

@@ -1,27 +1,29 @@
 """Contract tests of the NPU launch glue against a simulated CANN runtime.
 
-tests/npu_sim/sim.cc is compiled here with g++ into a temporary CANN-like tree
-(lib64/libascendcl.so, libnnopbase.so, libopapi.so: one library), and
-tests/npu_sim/contract_checks.py runs in a subprocess with ASCEND_HOME_PATH
-pointing at it, once as an Atlas A2 (RoPE forward kernel, FlashAttentionScore
-and its gradient) and once as an Ascend 950 (RoPE forward and backward kernels,
-attention on the fallback). The simulator checks every call against the
-documented operator contract and computes with the CPU kernels. Each check runs
-on the profiles it applies to, and where a profile lacks a kernel a check says
-that the call lowers to the fallback: nothing is skipped.
+The simulated runtime (tests/npu_sim/sim.cc, attention.cc) and the NPU
+handlers' host twins (tests/npu_sim/host_handlers.cc) are CMake's test-only
+targets in build/tests (tests/native_build.py). The simulator is laid out as a
+temporary CANN-like tree (lib64/libascendcl.so, libnnopbase.so, libopapi.so:
+one library), and tests/npu_sim/contract_checks.py runs in a subprocess with
+ASCEND_HOME_PATH pointing at it and the host twins' library to register, once
+as an Atlas A2 (RoPE forward kernel, FlashAttentionScore and its gradient) and
+once as an Ascend 950 (RoPE forward and backward kernels, attention on the
+fallback). The simulator checks every call against the documented operator
+contract and computes with the CPU kernels. Each check runs on the profiles it
+applies to, and where a profile lacks a kernel a check says that the call
+lowers to the fallback: nothing is skipped.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from jax_rope import _extension
+import native_build
+from jax_rope.core import extension as _extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 SOCS = {"A2": "Ascend910B2", "950": "Ascend910_9599"}
 COMMON = ["forward_bsnd_half", "forward_bsnd_partial_interleave_bf16", "forward_tnd_quarter",
           "forward_float16_matches_fallback", "wrong_call_through_handler_is_an_ffi_error",
@@ -37,36 +39,35 @@ CHECKS = {
 }
 CASES = [(profile, name) for profile in sorted(CHECKS) for name in CHECKS[profile]]
 
-pytestmark = [
-    pytest.mark.skipif(not _extension.STATUS.loaded, reason="compiled extension not loaded"),
-    pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler"),
-]
+pytestmark = pytest.mark.skipif(not _extension.STATUS.loaded,
+                                reason="compiled extension not loaded")
 
 
 @pytest.fixture(scope="module")
-def sim_home(tmp_path_factory):
+def native():
+    try:
+        return native_build.build_dir()
+    except native_build.Unavailable as why:
+        pytest.skip(str(why))
+
+
+@pytest.fixture(scope="module")
+def sim_home(tmp_path_factory, native):
     home = tmp_path_factory.mktemp("cann_sim")
     lib = home / "lib64"
     lib.mkdir()
-    target = lib / "libjax_rope_npu_sim.so"
-    subprocess.run([os.environ.get("CXX", "g++"), "-std=c++17", "-O1", "-shared", "-fPIC",
-                    "-ffp-contract=off", f"-I{ROOT}", os.path.join(HERE, "npu_sim", "sim.cc"),
-                    os.path.join(HERE, "npu_sim", "attention.cc")]
-                   + [os.path.join(ROOT, "device_kernels", "cpu", f) for f in (
-                       "rope_kernels.cc", "rope_geometry.cc", "attention_kernels.cc",
-                       "attention_tiles.cc")]
-                   + ["-o", str(target)], check=True)
     for name in ("libascendcl.so", "libnnopbase.so", "libopapi.so"):
-        (lib / name).symlink_to(target.name)
+        (lib / name).symlink_to(native / native_build.SIMULATOR)
     return home
 
 
 @pytest.fixture(scope="module")
-def results(sim_home):
+def results(sim_home, native):
     out = {}
     for profile, soc in SOCS.items():
         env = dict(os.environ, ASCEND_HOME_PATH=str(sim_home), JAX_ROPE_SIM_SOC=soc,
-                   JAX_PLATFORMS="cpu")
+                   JAX_PLATFORMS="cpu",
+                   JAX_ROPE_NPU_HOST_HANDLERS=str(native / native_build.HOST_HANDLERS))
         env.pop("JAX_ROPE_NPU_PROFILE", None)
         run = subprocess.run([sys.executable, os.path.join(HERE, "npu_sim", "contract_checks.py"),
                               *CHECKS[profile]],

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "device_kernels/common/layout_roles.h"
 #include "device_kernels/cpu/attention_kernels.h"
-#include "device_kernels/cpu/layout_roles.h"
 #include "xla_ffi/dtype_dispatch.h"
 #include "xla_ffi/parallel.h"
 
@@ -21,16 +21,10 @@ namespace jax_rope::ffi_support {
 namespace {
 
 using cpu::AttentionGeometry;
-using cpu::AxisRoles;
 using cpu::SequenceBand;
 
 ffi::Error Fail(const std::string& message) {
   return ffi::Error::InvalidArgument("jax_rope attention: " + message);
-}
-
-cpu::Strides3 StridesOf(const std::vector<int64_t>& dims, const AxisRoles& roles) {
-  const std::vector<int64_t> strides = cpu::RowMajorStrides(dims);
-  return {roles.batch < 0 ? 0 : strides[roles.batch], strides[roles.seq], strides[roles.head]};
 }
 
 // Everything a handler needs, checked once.
@@ -47,7 +41,7 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
                   const ffi::Buffer<ffi::S32>& table, const ffi::Buffer<ffi::U8>& mask,
                   Decoded* out) {
   AxisRoles roles;
-  if (!cpu::LayoutRoles(layout, &roles)) return Fail("unknown layout code " + std::to_string(layout));
+  if (!LayoutRoles(layout, &roles)) return Fail("unknown layout code " + std::to_string(layout));
   const std::vector<int64_t> q = DimsOf(query), k = DimsOf(key);
   if (static_cast<int>(q.size()) != roles.rank || static_cast<int>(k.size()) != roles.rank ||
       static_cast<int>(value_dims.size()) != roles.rank) {
@@ -56,7 +50,7 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
   if (query.element_type() != key.element_type()) return Fail("key must have query's dtype");
   AttentionGeometry& g = out->geometry;
   out->packed = roles.batch < 0;
-  g.batch = cpu::RoleSize(q, roles.batch);
+  g.batch = RoleSize(q, roles.batch);
   g.q_heads = q[roles.head];
   g.kv_heads = k[roles.head];
   g.head_dim = q.back();
@@ -64,7 +58,7 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
   g.scale = scale;
   out->q_rows = q[roles.seq];
   out->kv_rows = k[roles.seq];
-  if (cpu::RoleSize(k, roles.batch) != g.batch || cpu::RoleSize(value_dims, roles.batch) != g.batch ||
+  if (RoleSize(k, roles.batch) != g.batch || RoleSize(value_dims, roles.batch) != g.batch ||
       value_dims[roles.seq] != out->kv_rows || value_dims[roles.head] != g.kv_heads) {
     return Fail("key and value must agree with query on batch and with each other on rows/heads");
   }
@@ -76,8 +70,8 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
   std::vector<int64_t> out_dims = q;
   out_dims.back() = g.value_dim;
   g.out = StridesOf(out_dims, roles);
-  g.stats = out->packed ? cpu::Strides3{0, g.q_heads, 1}
-                        : cpu::Strides3{g.q_heads * out->q_rows, 1, out->q_rows};
+  g.stats = out->packed ? Strides{0, g.q_heads, 1}
+                        : Strides{g.q_heads * out->q_rows, 1, out->q_rows};
   // The sequence table: one row per sequence, ranges inside the tensors.
   auto table_dims = table.dimensions();
   if (table_dims.size() != 2 || table_dims[1] != 7 ||

@@ -1,6 +1,5 @@
-// FFI handler symbols for the Ascend NPU (registered for the NPU platform
-// name) and their test twins (registered by the tests for platform "cpu",
-// where device memory is host memory: no stream, workspace from the heap).
+// FFI handler symbols for the Ascend NPU, registered by Python for the NPU
+// platform name (`npu_registrations()` of the extension).
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -12,11 +11,5 @@ extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackward(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackwardNoInputs(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuAttentionForward(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuAttentionBackward(XLA_FFI_CallFrame* call_frame);
-
-extern "C" XLA_FFI_Error* JaxRopeNpuHostRopeForward(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxRopeNpuHostRopeBackward(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxRopeNpuHostRopeBackwardNoInputs(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxRopeNpuHostAttentionForward(XLA_FFI_CallFrame* call_frame);
-extern "C" XLA_FFI_Error* JaxRopeNpuHostAttentionBackward(XLA_FFI_CallFrame* call_frame);
 
 }  // namespace jax_rope::ffi_support

@@ -14,8 +14,7 @@
 
 namespace jax_rope::ffi_support {
 
-// `fn(begin, end)` is called on disjoint ranges covering [0, n). `grain` is the
-// smallest range worth a task.
+// Progress of one ParallelFor, shared with the pool tasks (which may outlive it).
 struct ParallelState {
   std::atomic<int64_t> next{0};
   int64_t done = 0;

@@ -19,7 +19,7 @@ namespace {
 
 using cpu::RopeGeometry;
 
-ffi::Error ShapeError(const char* op, const std::string& message) {
+ffi::Error InvalidArgument(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string("jax_rope ") + op + ": " + message);
 }
 
@@ -29,13 +29,13 @@ ffi::Error CheckBuffers(const char* op, const std::vector<NamedBuffer>& inputs,
   const ffi::DataType dtype = inputs.front().buffer->element_type();
   for (const NamedBuffer& in : inputs) {
     if (in.buffer->element_type() != dtype) {
-      return ShapeError(op, std::string(in.name) + " must have the dtype of " +
+      return InvalidArgument(op, std::string(in.name) + " must have the dtype of " +
                                 inputs.front().name);
     }
   }
   for (const auto& [out, like] : outputs) {
     if (out.buffer->element_type() != dtype || DimsOf(*out.buffer) != DimsOf(*like.buffer)) {
-      return ShapeError(op, std::string(out.name) + " must have the shape and dtype of " +
+      return InvalidArgument(op, std::string(out.name) + " must have the shape and dtype of " +
                                 like.name);
     }
   }
@@ -59,7 +59,7 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
   RopeGeometry g;
   std::string message = cpu::MakeRopeGeometry(layout, rotary_mode, DimsOf(query),
                                               DimsOf(key), DimsOf(cos), DimsOf(sin), &g);
-  if (!message.empty()) return ShapeError(kOp, message);
+  if (!message.empty()) return InvalidArgument(kOp, message);
   if (ffi::Error error = CheckBuffers(
           kOp, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}},
           {{{"query_out", &*query_out}, {"query", &query}},
@@ -86,15 +86,15 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
                         ffi::AnyBuffer dquery, ffi::AnyBuffer dkey, ffi::AnyBuffer* dcos,
                         ffi::AnyBuffer* dsin, int32_t layout, int32_t rotary_mode) {
   constexpr const char* kOp = "rope backward";
-  if (rotary_mode != static_cast<int32_t>(cpu::RotaryMode::kHalf)) {
-    return ShapeError(kOp, "the gradient exists for rotary_mode half (0) only, got code " +
+  if (rotary_mode != static_cast<int32_t>(RotaryMode::kHalf)) {
+    return InvalidArgument(kOp, "the gradient exists for rotary_mode half (0) only, got code " +
                                std::to_string(rotary_mode));
   }
   RopeGeometry g;
   std::string message =
       cpu::MakeRopeGeometry(layout, rotary_mode, DimsOf(grad_query), DimsOf(grad_key),
                             DimsOf(cos), DimsOf(sin), &g);
-  if (!message.empty()) return ShapeError(kOp, message);
+  if (!message.empty()) return InvalidArgument(kOp, message);
   std::vector<NamedBuffer> inputs = {
       {"grad_query", &grad_query}, {"grad_key", &grad_key}, {"cos", &cos}, {"sin", &sin}};
   std::vector<std::pair<NamedBuffer, NamedBuffer>> outputs = {

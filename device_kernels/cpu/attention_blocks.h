@@ -1,6 +1,8 @@
 // Building blocks of the CPU attention kernels (attention_kernels.cc): the
-// band geometry of one sequence, the work-item lists, and float32 staging of
-// tensor blocks for the tile routines. Internal to the kernels.
+// band geometry of one sequence and which tiles of it the kernels visit, the
+// work-item lists, and float32 staging of tensor blocks for the tile
+// routines. Internal to the kernels; the tile rules are tested against a dense
+// mask in tests/attention_blocks_test.cc.
 #pragma once
 
 #include <algorithm>
@@ -16,7 +18,7 @@ namespace jax_rope::cpu::attention {
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-inline int64_t Offset(const Strides3& s, int64_t b, int64_t row, int64_t head) {
+inline int64_t Offset(const Strides& s, int64_t b, int64_t row, int64_t head) {
   return b * s.batch + row * s.seq + head * s.head;
 }
 
@@ -25,7 +27,21 @@ inline bool ValidGeometry(const AttentionGeometry& g) {
          g.head_dim > 0 && g.value_dim > 0;
 }
 
-// One sequence's band in int64, so offsets of +-2^30 never overflow.
+// Block-aligned starts of the blocks that hold indices [first, last]:
+// start, start + block, ... while < end (none when first > last).
+struct BlockSpan {
+  int64_t start = 0;
+  int64_t end = 0;
+};
+
+inline BlockSpan BlocksHolding(int64_t first, int64_t last, int64_t block) {
+  return first > last ? BlockSpan{} : BlockSpan{first / block * block, last + 1};
+}
+
+// One sequence's band in int64, so offsets of +-2^30 never overflow. A tile of
+// rows [r0, r0 + nr) x columns [c0, c0 + nc) is visited only when its key
+// block is in KeyBlocks (forward, dquery, scores) or its query block in
+// QueryBlocks (dkey/dvalue), and masked only when Covers is false.
 struct Band {
   int64_t q_start, q_len, kv_start, kv_len, lo_off, hi_off, hi_floor;
 
@@ -50,6 +66,18 @@ struct Band {
   void QueryRange(int64_t c0, int64_t nc, int64_t* first, int64_t* last) const {
     *first = hi_floor >= c0 ? 0 : std::max<int64_t>(0, c0 - hi_off);
     *last = std::min(q_len - 1, c0 + nc - 1 - lo_off);
+  }
+  // The key blocks (of `block` columns) that rows [r0, r0 + nr) visit.
+  BlockSpan KeyBlocks(int64_t r0, int64_t nr, int64_t block) const {
+    int64_t first, last;
+    KeyRange(r0, nr, &first, &last);
+    return BlocksHolding(first, last, block);
+  }
+  // The query blocks (of `block` rows) that columns [c0, c0 + nc) visit.
+  BlockSpan QueryBlocks(int64_t c0, int64_t nc, int64_t block) const {
+    int64_t first, last;
+    QueryRange(c0, nc, &first, &last);
+    return BlocksHolding(first, last, block);
   }
 };
 

@@ -96,9 +96,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   std::fill(o, o + nr * ws.dvp, 0.0f);
   std::fill(ws.max, ws.max + nrp, kNegInf);
   std::fill(ws.sum, ws.sum + nrp, 0.0f);
-  int64_t first, last;
-  band.KeyRange(r0, nr, &first, &last);
-  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+  for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
                            false, ws.n1, ws.dp);
@@ -137,10 +136,9 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   float* dval = ws.acc2;
   std::fill(dk, dk + nc * ws.dp, 0.0f);
   std::fill(dval, dval + nc * ws.dvp, 0.0f);
-  int64_t first, last;
-  band.QueryRange(c0, nc, &first, &last);
+  const attention::BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
-    for (int64_t r0 = first / kBlockQ * kBlockQ; first <= last && r0 <= last; r0 += kBlockQ) {
+    for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
       const int64_t nr = std::min(kBlockQ, band.q_len - r0);
       const int64_t row = band.q_start + r0;
       const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
@@ -175,9 +173,8 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   float* dq = ws.acc1;
   std::fill(dq, dq + nr * ws.dp, 0.0f);
-  int64_t first, last;
-  band.KeyRange(r0, nr, &first, &last);
-  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+  for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
                            true, ws.n1, ws.dp);
@@ -201,9 +198,8 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
   const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
   LoadTransposed(query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, g.head_dim, ws.t1,
                  kBlockQ);
-  int64_t first, last;
-  band.KeyRange(r0, nr, &first, &last);
-  for (int64_t c0 = first / kBlockK * kBlockK; first <= last && c0 <= last; c0 += kBlockK) {
+  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+  for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
                            g.head_dim, false, ws.n1, ws.dp);

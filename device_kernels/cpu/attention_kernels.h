@@ -12,11 +12,12 @@
 // lo(i) and hi(i) never decrease with i, which makes tile classification O(1):
 // a (query block, key block) tile is empty, full (every position visible by the
 // interval and no element mask) or partial. The Python side fills one
-// SequenceBand per sequence (jax_rope/masks.py).
+// SequenceBand per sequence (jax_rope/attention/masks.py).
 #pragma once
 
 #include <cstdint>
 
+#include "device_kernels/common/layout_roles.h"
 #include "device_kernels/cpu/float_convert.h"
 
 namespace jax_rope::cpu {
@@ -30,14 +31,6 @@ struct SequenceBand {
   int32_t lo_off;    // see above; very negative (-2^30) for "no lower limit"
   int32_t hi_off;    // very positive (2^30) for "no upper limit"
   int32_t hi_floor;  // -2^30 unless a prefix keeps columns [0, prefix) visible
-};
-
-// Element strides of a tensor seen as (batch, seq, head, dim); dim stride is 1.
-// For packed TND tensors batch == 0 and rows are addressed by q_start/kv_start.
-struct Strides3 {
-  int64_t batch = 0;
-  int64_t seq = 0;
-  int64_t head = 0;
 };
 
 // Element mask (uint8, nonzero = masked) seen as (batch, head, row, col) with
@@ -58,8 +51,10 @@ struct AttentionGeometry {
   int64_t head_dim = 0;    // D of query and key
   int64_t value_dim = 0;   // Dv of value and output
   float scale = 1.0f;
-  Strides3 q, k, v, out;   // out: also for dout; dq/dk/dv use q/k/v strides
-  Strides3 stats;          // softmax_max / softmax_sum (float32): dim axis absent
+  // Strides (layout_roles.h); packed TND tensors have batch 0 and address rows
+  // through q_start/kv_start.
+  Strides q, k, v, out;    // out: also for dout; dq/dk/dv use q/k/v strides
+  Strides stats;           // softmax_max / softmax_sum (float32): dim axis absent
   ElementMask mask;
 };
 

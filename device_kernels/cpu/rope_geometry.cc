@@ -2,8 +2,6 @@
 
 #include <sstream>
 
-#include "device_kernels/cpu/layout_roles.h"
-
 namespace jax_rope::cpu {
 namespace {
 
@@ -13,15 +11,6 @@ std::string Dims(const std::vector<int64_t>& dims) {
   for (size_t i = 0; i < dims.size(); ++i) out << (i ? ", " : "") << dims[i];
   out << (dims.size() == 1 ? ",)" : ")");
   return out.str();
-}
-
-RowStrides StridesFor(const std::vector<int64_t>& dims, const AxisRoles& roles) {
-  const std::vector<int64_t> strides = RowMajorStrides(dims);
-  RowStrides out;
-  out.batch = (roles.batch < 0 || dims[roles.batch] == 1) ? 0 : strides[roles.batch];
-  out.seq = strides[roles.seq];
-  out.head = strides[roles.head];
-  return out;
 }
 
 }  // namespace
@@ -35,11 +24,12 @@ std::string MakeRopeGeometry(int32_t layout, int32_t mode,
   std::ostringstream err;
   AxisRoles roles;
   if (!LayoutRoles(layout, &roles)) {
-    err << "layout code must be 1 (BSND), 2 (SBND), 3 (BNSD) or 4 (TND), got " << layout;
+    err << "layout code must be " << Choices(kLayouts) << ", got " << layout;
     return err.str();
   }
-  if (mode < 0 || mode > 2) {
-    err << "rotary_mode code must be 0 (half), 1 (quarter) or 2 (interleave), got " << mode;
+  RotaryMode rotary_mode;
+  if (!ToRotaryMode(mode, &rotary_mode)) {
+    err << "rotary_mode code must be " << Choices(kRotaryModes) << ", got " << mode;
     return err.str();
   }
   const std::pair<const char*, const std::vector<int64_t>*> named[] = {
@@ -76,7 +66,7 @@ std::string MakeRopeGeometry(int32_t layout, int32_t mode,
   g.head_dim = query_dims[roles.rank - 1];
   g.rotary_dim = cos_dims[roles.rank - 1];
   g.cos_batch = RoleSize(cos_dims, roles.batch);
-  g.mode = static_cast<RotaryMode>(mode);
+  g.mode = rotary_mode;
   if (cos_dims[roles.head] != 1) {
     err << "cos must have head axis 1, got shape " << Dims(cos_dims);
     return err.str();
@@ -99,9 +89,9 @@ std::string MakeRopeGeometry(int32_t layout, int32_t mode,
     err << "cos last axis " << g.rotary_dim << " must be <= head dim " << g.head_dim;
     return err.str();
   }
-  g.q = StridesFor(query_dims, roles);
-  g.k = StridesFor(key_dims, roles);
-  g.cos = StridesFor(cos_dims, roles);
+  g.q = StridesOf(query_dims, roles);
+  g.k = StridesOf(key_dims, roles);
+  g.cos = StridesOf(cos_dims, roles);
   *geometry = g;
   return "";
 }

@@ -7,15 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "device_kernels/common/codes.h"
+#include "device_kernels/common/layout_roles.h"
+
 namespace jax_rope::cpu {
-
-enum class RotaryMode : int32_t { kHalf = 0, kQuarter = 1, kInterleave = 2 };
-
-struct RowStrides {
-  int64_t batch = 0;  // 0 when the tensor broadcasts over batch
-  int64_t seq = 0;
-  int64_t head = 0;   // unused for cos/sin (head axis is 1)
-};
 
 struct RopeGeometry {
   int64_t batch = 0;
@@ -25,15 +20,16 @@ struct RopeGeometry {
   int64_t head_dim = 0;    // D
   int64_t rotary_dim = 0;  // r = cos.shape[-1]
   int64_t cos_batch = 0;   // 1 or batch
-  RowStrides q, k, cos;
+  Strides q, k, cos;       // cos: batch 0 when it broadcasts; head unused (axis of 1)
   RotaryMode mode = RotaryMode::kHalf;
 
   int64_t tokens() const { return batch * seq; }
   int64_t cos_rows() const { return cos_batch * seq; }
 };
 
-// Checks the shapes against rope.md and fills `geometry`. Returns an empty
-// string on success, otherwise a message naming the argument at fault.
+// Decodes the layout and rotary_mode codes, checks the shapes against rope.md
+// and fills `geometry`. Returns an empty string on success, otherwise a
+// message naming the argument at fault.
 std::string MakeRopeGeometry(int32_t layout, int32_t mode,
                              const std::vector<int64_t>& query_dims,
                              const std::vector<int64_t>& key_dims,

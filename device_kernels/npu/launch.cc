@@ -1,6 +1,8 @@
-// See launch.h. The operators' parameter rules are checked by jax_rope's
-// lowering (npu.py) before a call reaches here; CANN checks them again and
-// its messages come back through aclGetRecentErrMsg.
+// See launch.h. The operators' parameter rules are checked by jax_rope's NPU
+// lowering before a call reaches here; CANN checks them again and its
+// messages come back through aclGetRecentErrMsg. Layouts are read through
+// their axis roles (layout_roles.h); jax_rope's layout codes are the
+// operators' inputLayout codes, so they pass through as they are.
 #include "device_kernels/npu/launch.h"
 
 #include <map>
@@ -8,6 +10,7 @@
 #include <mutex>
 #include <utility>
 
+#include "device_kernels/common/layout_roles.h"
 #include "device_kernels/npu/acl_runtime.h"
 
 namespace jax_rope::npu {
@@ -92,10 +95,14 @@ std::string CopyOnDevice(const Device& device, const DeviceTensor& from, const D
   return status == 0 ? "" : Failure("aclrtMemcpyAsync (device to device)", status);
 }
 
-// TND has no RoPE V2 layout code: (T, N, D) is the BSND tensor (T, 1, N, D).
-std::vector<int64_t> RopeView(const DeviceTensor& t, int32_t layout) {
-  if (layout != 4) return t.dims;
-  return {t.dims[0], 1, t.dims[1], t.dims[2]};
+// RoPE V2 has no code for a layout without a batch axis (TND): (T, N, D)
+// goes as the BSND tensor (T, 1, N, D).
+bool RopeAsBsnd(Layout layout) { return LayoutRoles(layout).batch < 0; }
+
+std::vector<int64_t> RopeView(const DeviceTensor& t, Layout layout) {
+  if (!RopeAsBsnd(layout)) return t.dims;
+  const AxisRoles roles = LayoutRoles(layout);
+  return {t.dims[roles.seq], 1, t.dims[roles.head], t.dims.back()};
 }
 
 }  // namespace
@@ -109,7 +116,7 @@ int64_t DeviceTensor::bytes() const {
 std::string RopeForward(const Device& device, const DeviceTensor& query, const DeviceTensor& key,
                         const DeviceTensor& cos, const DeviceTensor& sin,
                         const DeviceTensor& query_out, const DeviceTensor& key_out,
-                        int32_t layout, const char* rotary_mode) {
+                        Layout layout, RotaryMode rotary_mode) {
   if (!Runtime().available) return Unavailable();
   const AclApi& api = Runtime().api;
   if (auto e = CopyOnDevice(device, query, query_out); !e.empty()) return e;
@@ -120,11 +127,12 @@ std::string RopeForward(const Device& device, const DeviceTensor& query, const D
   aclTensor* c = d.Tensor(&cos, RopeView(cos, layout));
   aclTensor* s = d.Tensor(&sin, RopeView(sin, layout));
   if (!d.ok()) return Failure("aclCreateTensor", -1);
-  std::string mode(rotary_mode);
+  std::string mode(NpuRotaryModeName(rotary_mode));
+  const Layout op_layout = RopeAsBsnd(layout) ? Layout::kBSND : layout;
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
   aclnnStatus status = api.aclnnApplyRotaryPosEmbV2GetWorkspaceSize(
-      q, k, c, s, layout == 4 ? 1 : layout, mode.data(), &workspace_size, &executor);
+      q, k, c, s, static_cast<int64_t>(op_layout), mode.data(), &workspace_size, &executor);
   return Launch(device, "aclnnApplyRotaryPosEmbV2", status, workspace_size, executor,
                 api.aclnnApplyRotaryPosEmbV2);
 }
@@ -134,7 +142,7 @@ std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
                          const DeviceTensor& sin, const DeviceTensor* query,
                          const DeviceTensor* key, const DeviceTensor& dquery,
                          const DeviceTensor& dkey, const DeviceTensor* dcos,
-                         const DeviceTensor* dsin, int32_t layout) {
+                         const DeviceTensor* dsin, Layout layout) {
   if (!Runtime().available) return Unavailable();
   const AclApi& api = Runtime().api;
   Descriptors d(api);
@@ -149,11 +157,12 @@ std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
   aclTensor* dc = d.Tensor(dcos);
   aclTensor* ds = d.Tensor(dsin);
   if (!d.ok()) return Failure("aclCreateTensor", -1);
-  std::string mode = "half";
+  std::string mode(NpuRotaryModeName(RotaryMode::kHalf));
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
   aclnnStatus status = api.aclnnApplyRotaryPosEmbGradGetWorkspaceSize(
-      gq, gk, c, s, q, k, mode.data(), layout, dq, dk, dc, ds, &workspace_size, &executor);
+      gq, gk, c, s, q, k, mode.data(), static_cast<int64_t>(layout), dq, dk, dc, ds,
+      &workspace_size, &executor);
   return Launch(device, "aclnnApplyRotaryPosEmbGrad", status, workspace_size, executor,
                 api.aclnnApplyRotaryPosEmbGrad);
 }
@@ -166,11 +175,11 @@ constexpr int kTableColumns = 7;  // q_start, q_len, kv_start, kv_len, lo, hi, f
 
 // The compressed masks, built once per device and mode family and kept for the
 // life of the process: 2048x2048 M0[r][c] = c > r, and the 3072x2048 prefix mask.
-std::string CompressedMask(const Device& device, int64_t sparse_mode, DeviceTensor* mask) {
+std::string CompressedMask(const Device& device, SparseMode sparse_mode, DeviceTensor* mask) {
   static std::mutex mutex;
   static std::map<std::pair<int32_t, bool>, void*> cache;
   const AclApi& api = Runtime().api;
-  const bool prefix = sparse_mode == 6;
+  const bool prefix = sparse_mode == SparseMode::kPrefixCompress;
   const int64_t rows = prefix ? 3072 : 2048, cols = 2048;
   int32_t device_id = 0;
   api.aclrtGetDevice(&device_id);
@@ -223,37 +232,44 @@ std::string ReadTable(const Device& device, const DeviceTensor& table, HostTable
   return e == 0 ? "" : Failure("aclrtSynchronizeStream", e);
 }
 
-// Everything both directions share: layout string, views, mask, host lists.
+// Everything both directions share: how the tensors go, the mask, host lists.
 struct AttentionCall {
-  std::string layout;
+  std::string layout;        // the operators' inputLayout
+  bool as_sbh = false;       // the operators have no SBND: (S, B, N * D) as SBH
+  bool varlen = false;       // no batch axis (TND): the VarLen operators
   int64_t head_num = 0;
   DeviceTensor mask;
   bool use_mask = false;
   std::vector<int64_t> prefix, q_ends, kv_ends;
+  // The reserved outputs softmaxOutOut and dpseOut are required (not
+  // "Optional"): like torch_npu, pass an empty tensor of query's dtype.
+  DeviceTensor empty;
 };
 
 std::string Prepare(const Device& device, const AttentionConfig& config, const DeviceTensor& query,
                     const DeviceTensor& table, const DeviceTensor* mask, AttentionCall* call) {
-  static const char* kLayouts[] = {"", "BSND", "SBH", "BNSD", "TND"};
-  if (config.layout < 1 || config.layout > 4) return "unknown attention layout code";
-  call->layout = kLayouts[config.layout];
-  call->head_num = config.layout == 3 ? query.dims[1] : query.dims[config.layout == 4 ? 1 : 2];
-  const int64_t mode = config.sparse_mode;
-  if (mode == 2 || mode == 3 || mode == 4 || mode >= 6) {
+  const AxisRoles roles = LayoutRoles(config.layout);
+  call->as_sbh = config.layout == Layout::kSBND;
+  call->layout = call->as_sbh ? "SBH" : NameOf(config.layout, kLayouts);
+  call->varlen = roles.batch < 0;
+  call->head_num = query.dims[roles.head];
+  call->empty = DeviceTensor{nullptr, {0}, query.dtype};
+  const SparseMode mode = config.sparse_mode;
+  if (NeedsCompressedMask(mode)) {
     if (auto e = CompressedMask(device, mode, &call->mask); !e.empty()) return e;
     call->use_mask = true;
   } else if (config.has_mask && mask != nullptr) {
     call->mask = *mask;
     call->use_mask = true;
   }
-  if (mode == 5 || mode == 6 || config.layout == 4) {
+  if (TakesPrefix(mode) || call->varlen) {
     HostTable host;
     if (auto e = ReadTable(device, table, &host); !e.empty()) return e;
-    if (mode == 5 || mode == 6) {
+    if (TakesPrefix(mode)) {
       call->prefix = host.column(6);
       for (int64_t& p : call->prefix) p += 1;  // hi_floor = prefix - 1
     }
-    if (config.layout == 4) {
+    if (call->varlen) {
       call->q_ends = host.column(0, 1);
       call->kv_ends = host.column(2, 3);
     }
@@ -261,14 +277,38 @@ std::string Prepare(const Device& device, const AttentionConfig& config, const D
   return "";
 }
 
-// The reserved outputs softmaxOutOut and dpseOut are required (not
-// "Optional"): like torch_npu, pass an empty tensor of query's dtype.
-DeviceTensor Empty(const DeviceTensor& like) { return DeviceTensor{nullptr, {0}, like.dtype}; }
+// A descriptor of query, key, value, out or one of their gradients.
+aclTensor* Operand(Descriptors& d, const AttentionCall& call, const DeviceTensor& t) {
+  if (!call.as_sbh) return d.Tensor(&t);
+  return d.Tensor(&t, {t.dims[0], t.dims[1], t.dims[2] * t.dims[3]});
+}
 
-// SBND buffers are passed as SBH: (S, B, N * D).
-std::vector<int64_t> AttentionView(const DeviceTensor& t, int32_t layout) {
-  if (layout != 2) return t.dims;
-  return {t.dims[0], t.dims[1], t.dims[2] * t.dims[3]};
+// The descriptors both directions pass (q_ends/kv_ends: varlen only).
+struct AttentionDescriptors {
+  aclTensor *query, *key, *value, *out, *mask, *softmax_max, *softmax_sum, *empty;
+  aclIntArray *prefix, *q_ends = nullptr, *kv_ends = nullptr;
+};
+
+std::string Describe(Descriptors& d, const AttentionCall& call, const DeviceTensor& query,
+                     const DeviceTensor& key, const DeviceTensor& value, const DeviceTensor& out,
+                     const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum,
+                     AttentionDescriptors* t) {
+  t->query = Operand(d, call, query);
+  t->key = Operand(d, call, key);
+  t->value = Operand(d, call, value);
+  t->out = Operand(d, call, out);
+  t->mask = call.use_mask ? d.Tensor(&call.mask) : nullptr;
+  t->softmax_max = d.Tensor(&softmax_max);
+  t->softmax_sum = d.Tensor(&softmax_sum);
+  t->empty = d.Tensor(&call.empty);
+  t->prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
+  if (!d.ok()) return Failure("aclCreateTensor", -1);
+  if (call.varlen) {
+    t->q_ends = d.IntArray(call.q_ends);
+    t->kv_ends = d.IntArray(call.kv_ends);
+    if (!d.ok()) return Failure("aclCreateIntArray", -1);
+  }
+  return "";
 }
 
 }  // namespace
@@ -283,35 +323,27 @@ std::string AttentionForward(const Device& device, const AttentionConfig& config
   AttentionCall call;
   if (auto e = Prepare(device, config, query, table, mask, &call); !e.empty()) return e;
   Descriptors d(api);
-  const int32_t L = config.layout;
-  aclTensor* q = d.Tensor(&query, AttentionView(query, L));
-  aclTensor* k = d.Tensor(&key, AttentionView(key, L));
-  aclTensor* v = d.Tensor(&value, AttentionView(value, L));
-  aclTensor* m = call.use_mask ? d.Tensor(&call.mask) : nullptr;
-  aclTensor* o = d.Tensor(&out, AttentionView(out, L));
-  aclTensor* smax = d.Tensor(&softmax_max);
-  aclTensor* ssum = d.Tensor(&softmax_sum);
-  const DeviceTensor empty = Empty(query);
-  aclTensor* softmax_out = d.Tensor(&empty);
-  aclIntArray* prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
-  if (!d.ok()) return Failure("aclCreateTensor", -1);
+  AttentionDescriptors t;
+  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
+      !e.empty()) {
+    return e;
+  }
+  const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
-  if (L == 4) {
-    aclIntArray* q_ends = d.IntArray(call.q_ends);
-    aclIntArray* kv_ends = d.IntArray(call.kv_ends);
-    if (!d.ok()) return Failure("aclCreateIntArray", -1);
+  if (call.varlen) {
     aclnnStatus status = api.aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
-        q, k, v, nullptr, nullptr, nullptr, m, prefix, q_ends, kv_ends, config.scale, 1.0,
-        config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0,
-        config.sparse_mode, smax, ssum, softmax_out, o, &workspace_size, &executor);
+        t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, t.q_ends,
+        t.kv_ends, config.scale, 1.0, config.pre_tokens, config.next_tokens, call.head_num,
+        call.layout.data(), 0, sparse_mode, t.softmax_max, t.softmax_sum, t.empty, t.out,
+        &workspace_size, &executor);
     return Launch(device, "aclnnFlashAttentionVarLenScore", status, workspace_size, executor,
                   api.aclnnFlashAttentionVarLenScore);
   }
   aclnnStatus status = api.aclnnFlashAttentionScoreGetWorkspaceSize(
-      q, k, v, nullptr, nullptr, nullptr, m, prefix, config.scale, 1.0, config.pre_tokens,
-      config.next_tokens, call.head_num, call.layout.data(), 0, config.sparse_mode, smax, ssum,
-      softmax_out, o, &workspace_size, &executor);
+      t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, config.scale, 1.0,
+      config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0, sparse_mode,
+      t.softmax_max, t.softmax_sum, t.empty, t.out, &workspace_size, &executor);
   return Launch(device, "aclnnFlashAttentionScore", status, workspace_size, executor,
                 api.aclnnFlashAttentionScore);
 }
@@ -328,40 +360,32 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
   AttentionCall call;
   if (auto e = Prepare(device, config, query, table, mask, &call); !e.empty()) return e;
   Descriptors d(api);
-  const int32_t L = config.layout;
-  aclTensor* q = d.Tensor(&query, AttentionView(query, L));
-  aclTensor* k = d.Tensor(&key, AttentionView(key, L));
-  aclTensor* v = d.Tensor(&value, AttentionView(value, L));
-  aclTensor* o = d.Tensor(&out, AttentionView(out, L));
-  aclTensor* dy = d.Tensor(&dout, AttentionView(dout, L));
-  aclTensor* m = call.use_mask ? d.Tensor(&call.mask) : nullptr;
-  aclTensor* smax = d.Tensor(&softmax_max);
-  aclTensor* ssum = d.Tensor(&softmax_sum);
-  aclTensor* dq = d.Tensor(&dquery, AttentionView(dquery, L));
-  aclTensor* dk = d.Tensor(&dkey, AttentionView(dkey, L));
-  aclTensor* dv = d.Tensor(&dvalue, AttentionView(dvalue, L));
-  const DeviceTensor empty = Empty(query);
-  aclTensor* dpse = d.Tensor(&empty);
-  aclIntArray* prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
-  if (!d.ok()) return Failure("aclCreateTensor", -1);
+  aclTensor* dy = Operand(d, call, dout);
+  aclTensor* dq = Operand(d, call, dquery);
+  aclTensor* dk = Operand(d, call, dkey);
+  aclTensor* dv = Operand(d, call, dvalue);
+  AttentionDescriptors t;
+  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
+      !e.empty()) {
+    return e;
+  }
+  const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
-  if (L == 4) {
-    aclIntArray* q_ends = d.IntArray(call.q_ends);
-    aclIntArray* kv_ends = d.IntArray(call.kv_ends);
-    if (!d.ok()) return Failure("aclCreateIntArray", -1);
+  if (call.varlen) {
     aclnnStatus status = api.aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
-        q, k, v, dy, nullptr, nullptr, nullptr, m, smax, ssum, nullptr, o, prefix, q_ends,
-        kv_ends, config.scale, 1.0, config.pre_tokens, config.next_tokens, call.head_num,
-        call.layout.data(), 0, config.sparse_mode, dq, dk, dv, dpse, &workspace_size,
-        &executor);
+        t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
+        t.softmax_sum, nullptr, t.out, t.prefix, t.q_ends, t.kv_ends, config.scale, 1.0,
+        config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0,
+        sparse_mode, dq, dk, dv, t.empty, &workspace_size, &executor);
     return Launch(device, "aclnnFlashAttentionUnpaddingScoreGrad", status, workspace_size,
                   executor, api.aclnnFlashAttentionUnpaddingScoreGrad);
   }
   aclnnStatus status = api.aclnnFlashAttentionScoreGradGetWorkspaceSize(
-      q, k, v, dy, nullptr, nullptr, nullptr, m, smax, ssum, nullptr, o, prefix, config.scale,
-      1.0, config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), 0,
-      config.sparse_mode, dq, dk, dv, dpse, &workspace_size, &executor);
+      t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
+      t.softmax_sum, nullptr, t.out, t.prefix, config.scale, 1.0, config.pre_tokens,
+      config.next_tokens, call.head_num, call.layout.data(), 0, sparse_mode, dq, dk, dv,
+      t.empty, &workspace_size, &executor);
   return Launch(device, "aclnnFlashAttentionScoreGrad", status, workspace_size, executor,
                 api.aclnnFlashAttentionScoreGrad);
 }

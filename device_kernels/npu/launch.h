@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "device_kernels/common/codes.h"
+
 namespace jax_rope::npu {
 
 // What the caller (an XLA FFI handler) provides: the stream and a workspace
@@ -27,12 +29,12 @@ struct DeviceTensor {
 };
 
 // ApplyRotaryPosEmbV2 on copies: query_out/key_out get query/key (device to
-// device), then the in-place operator rotates them. `layout` is jax_rope's
-// code (1 BSND, 2 SBND, 3 BNSD, 4 TND as a (T, 1, N, D) BSND view).
+// device), then the in-place operator rotates them. A layout without a batch
+// axis (TND) goes as the BSND view (T, 1, N, D).
 std::string RopeForward(const Device& device, const DeviceTensor& query, const DeviceTensor& key,
                         const DeviceTensor& cos, const DeviceTensor& sin,
                         const DeviceTensor& query_out, const DeviceTensor& key_out,
-                        int32_t layout, const char* rotary_mode);
+                        Layout layout, RotaryMode mode);
 
 // ApplyRotaryPosEmbGrad (half mode). query/key (and dcos/dsin) may be null.
 std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
@@ -40,21 +42,22 @@ std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
                          const DeviceTensor& sin, const DeviceTensor* query,
                          const DeviceTensor* key, const DeviceTensor& dquery,
                          const DeviceTensor& dkey, const DeviceTensor* dcos,
-                         const DeviceTensor* dsin, int32_t layout);
+                         const DeviceTensor* dsin, Layout layout);
 
 // Static attention configuration (jax_rope's AttentionOptions, decoded).
 struct AttentionConfig {
-  int32_t layout = 1;  // 1 BSND, 2 SBND (passed as SBH), 3 BNSD, 4 TND
+  Layout layout = Layout::kBSND;  // SBND goes as SBH; TND to the VarLen operators
   double scale = 1.0;
-  int64_t sparse_mode = 0;
+  SparseMode sparse_mode = SparseMode::kDefaultMask;
   int64_t pre_tokens = 2147483647;
   int64_t next_tokens = 2147483647;
   bool has_mask = false;
 };
 
 // FlashAttentionScore (or its VarLen form for TND). `table` is the int32
-// (B, 7) sequence table of jax_rope/masks.py on the device; it is copied to
-// the host (the operator takes host lists for prefix and sequence lengths).
+// (B, 7) sequence table (SequenceBand rows, device_kernels/cpu/attention_kernels.h)
+// on the device; it is copied to the host when the operator needs host lists
+// (prefix, cumulative sequence lengths).
 // softmax_max/sum are the operator's 8-wide float32 statistics.
 std::string AttentionForward(const Device& device, const AttentionConfig& config,
                              const DeviceTensor& query, const DeviceTensor& key,

@@ -3,15 +3,15 @@
 // / ...UnpaddingScoreGrad (CANN ops-transformer docs, torch_npu's calls) as far
 // as jax_rope's glue uses it, then computed with jax_rope's CPU attention
 // kernels over a band table built from sparseMode, preTokens/nextTokens,
-// prefix and the sequence lengths exactly as jax_rope/masks.py builds it.
+// prefix and the sequence lengths exactly as jax_rope/attention/masks.py builds it.
 // What the glue never passes (pse, dropout, padding mask, element masks with
 // TND) is rejected as "not simulated" rather than guessed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "device_kernels/common/layout_roles.h"
 #include "device_kernels/cpu/attention_kernels.h"
-#include "device_kernels/cpu/layout_roles.h"
 #include "device_kernels/npu/acl_api.h"
 #include "tests/npu_sim/sim.h"
 
@@ -28,7 +28,7 @@ struct AttentionPlan {
 namespace {
 
 constexpr int64_t kStats = 8;         // softmaxMax/Sum: trailing axis of 8 copies
-constexpr int64_t kUnlimited = 1 << 30;  // masks.py's UNLIMITED
+constexpr int64_t kUnlimited = 1 << 30;  // sparse_modes.py's UNLIMITED
 constexpr int64_t kCompressed = 2048, kPrefixRows = 3072;
 
 std::string S(int64_t v) { return std::to_string(v); }
@@ -58,7 +58,7 @@ const std::vector<uint8_t>& CompressedMask(bool prefix) {
 // A layout string's reading of query/key/value: sizes and the kernels' view.
 struct Sizes {
   int64_t batch = 1, q_rows = 0, kv_rows = 0, n1 = 0, n2 = 0, d = 0, dv = 0;
-  int32_t code = 0;                          // kernels' layout code
+  jax_rope::Layout kernel_layout = jax_rope::Layout::kBSND;  // the kernels' layout
   std::vector<int64_t> q_view, k_view, v_view, out_view;  // with an explicit head axis
 };
 
@@ -83,7 +83,7 @@ std::string ReadLayout(const std::string& layout, const AttentionArgs& a, Sizes*
     s->q_rows = q[seq];
     s->kv_rows = k[seq];
     if (k[b] != s->batch || v[b] != s->batch || v[seq] != s->kv_rows) return "key/value must match query's B and each other's S";
-    s->code = layout == "BSH" ? 1 : 2;
+    s->kernel_layout = layout == "BSH" ? jax_rope::Layout::kBSND : jax_rope::Layout::kSBND;
     auto split = [&](const std::vector<int64_t>& x, int64_t n) { return std::vector<int64_t>{x[0], x[1], n, x[2] / n}; };
     s->q_view = split(q, s->n1);
     s->k_view = split(k, s->n2);
@@ -91,10 +91,11 @@ std::string ReadLayout(const std::string& layout, const AttentionArgs& a, Sizes*
     s->out_view = {s->q_view[0], s->q_view[1], s->n1, s->dv};
     return "";
   }
-  jax_rope::cpu::AxisRoles roles{};
-  s->code = layout == "BSND" ? 1 : layout == "BNSD" ? 3 : 4;
-  jax_rope::cpu::LayoutRoles(s->code, &roles);
-  s->batch = jax_rope::cpu::RoleSize(q, roles.batch);
+  s->kernel_layout = layout == "BSND"   ? jax_rope::Layout::kBSND
+            : layout == "BNSD" ? jax_rope::Layout::kBNSD
+                               : jax_rope::Layout::kTND;
+  const jax_rope::AxisRoles roles = jax_rope::LayoutRoles(s->kernel_layout);
+  s->batch = jax_rope::RoleSize(q, roles.batch);
   s->q_rows = q[roles.seq];
   s->kv_rows = k[roles.seq];
   s->n1 = q[roles.head];
@@ -102,7 +103,7 @@ std::string ReadLayout(const std::string& layout, const AttentionArgs& a, Sizes*
   s->d = q.back();
   s->dv = v.back();
   if (s->n1 != a.head_num) return "headNum=" + S(a.head_num) + " but query has N=" + S(s->n1);
-  if (jax_rope::cpu::RoleSize(k, roles.batch) != s->batch || jax_rope::cpu::RoleSize(v, roles.batch) != s->batch) {
+  if (jax_rope::RoleSize(k, roles.batch) != s->batch || jax_rope::RoleSize(v, roles.batch) != s->batch) {
     return "query, key and value must share B";
   }
   if (v[roles.seq] != s->kv_rows || v[roles.head] != s->n2) return "key and value must match except on D";
@@ -114,11 +115,8 @@ std::string ReadLayout(const std::string& layout, const AttentionArgs& a, Sizes*
   return "";
 }
 
-jax_rope::cpu::Strides3 StridesOf(const std::vector<int64_t>& dims, int32_t code) {
-  jax_rope::cpu::AxisRoles roles{};
-  jax_rope::cpu::LayoutRoles(code, &roles);
-  const std::vector<int64_t> st = jax_rope::cpu::RowMajorStrides(dims);
-  return {roles.batch < 0 ? 0 : st[roles.batch], st[roles.seq], st[roles.head]};
+jax_rope::Strides StridesOf(const std::vector<int64_t>& dims, jax_rope::Layout layout) {
+  return jax_rope::StridesOf(dims, jax_rope::LayoutRoles(layout));
 }
 
 // attention.md's band rule (top-left pre'/next'), as the operator documents it:
@@ -312,12 +310,12 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
   g.head_dim = s.d;
   g.value_dim = s.dv;
   g.scale = static_cast<float>(a.scale);
-  g.q = StridesOf(s.q_view, s.code);
-  g.k = StridesOf(s.k_view, s.code);
-  g.v = StridesOf(s.v_view, s.code);
-  g.out = StridesOf(s.out_view, s.code);
-  g.stats = a.varlen ? jax_rope::cpu::Strides3{0, s.n1 * kStats, kStats}
-                     : jax_rope::cpu::Strides3{s.n1 * s.q_rows * kStats, kStats, s.q_rows * kStats};
+  g.q = StridesOf(s.q_view, s.kernel_layout);
+  g.k = StridesOf(s.k_view, s.kernel_layout);
+  g.v = StridesOf(s.v_view, s.kernel_layout);
+  g.out = StridesOf(s.out_view, s.kernel_layout);
+  g.stats = a.varlen ? jax_rope::Strides{0, s.n1 * kStats, kStats}
+                     : jax_rope::Strides{s.n1 * s.q_rows * kStats, kStats, s.q_rows * kStats};
   return CheckMaskAndBands(a, s, p);
 }
 

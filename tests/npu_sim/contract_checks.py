@@ -1,11 +1,14 @@
 """Runs jax_rope's NPU path on the CPU against the simulated CANN runtime.
 
 Started by tests/test_npu_contract.py in a subprocess whose ASCEND_HOME_PATH
-points at the simulated libraries, with the names of the checks to run (each
-applies to the chip profiles that cover it: nothing is skipped). The NPU lowering rules are registered for
-"cpu" and the NPU handlers' host twins under the NPU target names, so
-jr.apply_rotary_pos_emb goes: NPU lowering -> NPU handler -> launch glue ->
-dlopen'd (simulated) ACLNN. Prints one line per check: "ok NAME" or "FAIL NAME: why".
+points at the simulated libraries and whose JAX_ROPE_NPU_HOST_HANDLERS names the
+test-only library of the NPU handlers' host twins (tests/npu_sim/host_handlers.cc,
+built by CMake under JAX_ROPE_BUILD_TESTS), with the names of the checks to run
+(each applies to the chip profiles that cover it: nothing is skipped). The NPU
+lowering rules are registered for "cpu" and the host twins under the NPU target
+names, so jr.apply_rotary_pos_emb goes: NPU lowering -> NPU handler body ->
+launch glue -> dlopen'd (simulated) ACLNN. Prints one line per check:
+"ok NAME" or "FAIL NAME: why".
 """
 
 import ctypes
@@ -20,16 +23,27 @@ from jax.interpreters import mlir
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import attention_oracle  # noqa: E402
-import oracle  # noqa: E402
+import rope_oracle as oracle  # noqa: E402
 
 import jax_rope as jr  # noqa: E402
-from jax_rope import _extension, npu  # noqa: E402
+from jax_rope import npu  # noqa: E402
+from jax_rope.core.primitive import DEFINITIONS  # noqa: E402
 
 SIM = ctypes.CDLL(os.path.join(os.environ["ASCEND_HOME_PATH"], "lib64", "libopapi.so"))
-for prim, rule in npu._RULES:
-    mlir.register_lowering(prim, rule, platform="cpu")
-for name, capsule in _extension.module().npu_host_registrations().items():
-    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+# The NPU lowering of every primitive, registered for "cpu" as well.
+for definition in DEFINITIONS.values():
+    if npu.PLATFORM in definition.local_rules:
+        mlir.register_lowering(definition.local, definition.local_rules[npu.PLATFORM],
+                               platform="cpu")
+# The host twins (extern "C" handler symbols) under the NPU target names.
+HOST_TWINS = ctypes.CDLL(os.environ["JAX_ROPE_NPU_HOST_HANDLERS"])
+for name, symbol in {npu.ROPE_FWD: "JaxRopeNpuHostRopeForward",
+                     npu.ROPE_BWD: "JaxRopeNpuHostRopeBackward",
+                     npu.ROPE_BWD_NO_INPUTS: "JaxRopeNpuHostRopeBackwardNoInputs",
+                     npu.ATTENTION_FWD: "JaxRopeNpuHostAttentionForward",
+                     npu.ATTENTION_BWD: "JaxRopeNpuHostAttentionBackward"}.items():
+    jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(HOST_TWINS, symbol)),
+                                platform="cpu")
 
 CHECKS = {}
 

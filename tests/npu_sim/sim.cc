@@ -5,8 +5,9 @@
 // strings, workspace, live descriptors, one launch per executor); a violation
 // returns an error status with a message for aclGetRecentErrMsg. Results come
 // from jax_rope's CPU kernels; the attention operators live in attention.cc.
-// Built by tests/test_npu_contract.py only, and
-// installed as libascendcl.so, libnnopbase.so and libopapi.so (one library).
+// Built by CMake under JAX_ROPE_BUILD_TESTS (libjax_rope_npu_sim.so, linked
+// to the kernel library as it ships); tests/test_npu_contract.py installs it
+// as libascendcl.so, libnnopbase.so and libopapi.so (one library).
 #include <cstdlib>
 #include <cstring>
 #include <mutex>

@@ -1,10 +1,9 @@
 // Standalone check of the CPU attention kernels against a double-precision
-// reference written from spec/attention.md (no JAX). Build and run:
-//   g++ -std=c++17 -O3 -fno-math-errno -fno-trapping-math -ffp-contract=off -I.
-//     device_kernels/cpu/tests/attention_kernel_test.cc device_kernels/cpu/attention_kernels.cc
-//     device_kernels/cpu/attention_tiles.cc -lpthread -o /tmp/attention_kernel_test
-//   /tmp/attention_kernel_test          # correctness, exit status 1 on failure
-//   /tmp/attention_kernel_test --bench  # causal B=1 N=8 D=128 timings, float32
+// reference written from spec/attention.md (no JAX). Built by CMake with the
+// kernel library as it ships (option JAX_ROPE_BUILD_TESTS; `make kernel-test`
+// builds it in build/tests and runs ctest):
+//   build/tests/attention_kernel_test          # correctness, exit status 1 on failure
+//   build/tests/attention_kernel_test --bench  # causal B=1 N=8 D=128 timings, float32
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -26,6 +25,7 @@ namespace {
 
 using namespace jax_rope::cpu;
 using namespace jax_rope::cpu::test;
+using jax_rope::Strides;
 
 int g_failures = 0;
 int g_checks = 0;
@@ -38,7 +38,7 @@ void Fail(const std::string& what) {
 // Running the kernels the way the FFI handlers do.
 
 // Rows inside some sequence (the kernels must write them; the caller fills the rest).
-std::vector<char> RowsInside(const Problem& p, const Strides3& s, int64_t size, int64_t heads,
+std::vector<char> RowsInside(const Problem& p, const Strides& s, int64_t size, int64_t heads,
                              int64_t dim, bool kv) {
   std::vector<char> inside(size, 0);
   for (size_t b = 0; b < p.seqs.size(); ++b) {
@@ -379,8 +379,8 @@ void Bench() {
     g.q_heads = g.kv_heads = n;
     g.head_dim = g.value_dim = d;
     g.scale = 1.0f / std::sqrt(float(d));
-    g.q = g.k = g.v = g.out = Strides3{s * n * d, n * d, d};
-    g.stats = Strides3{n * s, 1, s};
+    g.q = g.k = g.v = g.out = Strides{s * n * d, n * d, d};
+    g.stats = Strides{n * s, 1, s};
     const SequenceBand seq = Seq(0, int32_t(s), 0, int32_t(s), -kInf, 0, -kInf);
     std::mt19937 rng(1);
     std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -39,7 +39,7 @@ struct Tensors {
   int64_t score_size = 0;
 };
 
-Strides3 TensorStrides(const Problem& p, int64_t seq_len, int64_t heads, int64_t dim) {
+Strides TensorStrides(const Problem& p, int64_t seq_len, int64_t heads, int64_t dim) {
   if (p.packed) return {0, heads * dim, dim};
   if (p.heads_major) return {heads * seq_len * dim, dim, seq_len * dim};
   return {seq_len * heads * dim, heads * dim, dim};
@@ -65,7 +65,7 @@ Tensors MakeTensors(const Problem& p, std::mt19937& rng) {
   g.k = TensorStrides(p, p.skv, p.n2, p.d);
   g.v = TensorStrides(p, p.skv, p.n2, p.dv);
   g.out = TensorStrides(p, p.sq, p.n1, p.dv);
-  g.stats = p.packed ? Strides3{0, p.n1, 1} : Strides3{p.n1 * p.sq, 1, p.sq};
+  g.stats = p.packed ? Strides{0, p.n1, 1} : Strides{p.n1 * p.sq, 1, p.sq};
   const int64_t nb = p.packed ? 1 : b;
   t.q_size = nb * p.sq * p.n1 * p.d;
   t.k_size = nb * p.skv * p.n2 * p.d;
@@ -135,7 +135,7 @@ struct Reference {
   std::vector<char> live;  // per stat index: row inside a sequence with a visible key
 };
 
-int64_t Off(const Strides3& s, int64_t b, int64_t row, int64_t head) {
+int64_t Off(const Strides& s, int64_t b, int64_t row, int64_t head) {
   return b * s.batch + row * s.seq + head * s.head;
 }
 

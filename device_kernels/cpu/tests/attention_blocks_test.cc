@@ -1,0 +1,163 @@
+// The attention kernels' own tile classification (attention_blocks.h), checked
+// against a dense mask computed position by position from the band definition
+// of attention_kernels.h, for random bands and shapes (the sparse modes' bands,
+// the +-2^30 "no limit" offsets, prefixes, empty and inverted bands):
+//   - Band::Covers (a full tile skips masking) holds exactly when every
+//     position of the tile is visible;
+//   - no visible position lies in a tile the kernels skip, along query blocks
+//     (KeyBlocks: forward, dquery, scores) or key blocks (QueryBlocks:
+//     dkey/dvalue), and KeyRange/QueryRange contain every visible position;
+//   - when every row of a query block sees some key, the kernels skip every
+//     empty tile of it (the ranges are tight).
+// Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/attention_blocks.h"
+
+namespace {
+
+using jax_rope::cpu::SequenceBand;
+using jax_rope::cpu::attention::Band;
+using jax_rope::cpu::attention::BlockSpan;
+
+constexpr int32_t kNoLimit = 1 << 30;
+
+int g_failures = 0;
+int64_t g_tiles = 0, g_tight_tiles = 0;
+
+void Fail(const SequenceBand& s, int64_t bq, int64_t bk, int64_t r0, int64_t c0,
+          const std::string& what) {
+  if (++g_failures <= 30) {
+    std::printf("FAIL: band {q_len %d, kv_len %d, lo %d, hi %d, floor %d} blocks %ldx%ld, "
+                "tile (%ld, %ld): %s\n",
+                s.q_len, s.kv_len, s.lo_off, s.hi_off, s.hi_floor, long(bq), long(bk), long(r0),
+                long(c0), what.c_str());
+  }
+}
+
+// attention_kernels.h: row i sees column j when lo(i) <= j <= hi(i).
+std::vector<std::vector<bool>> DenseMask(const SequenceBand& s) {
+  std::vector<std::vector<bool>> visible(s.q_len, std::vector<bool>(s.kv_len, false));
+  for (int64_t i = 0; i < s.q_len; ++i) {
+    const int64_t lo = std::max<int64_t>(0, i + int64_t{s.lo_off});
+    const int64_t hi = std::min<int64_t>(s.kv_len - 1,
+                                         std::max<int64_t>(i + int64_t{s.hi_off}, s.hi_floor));
+    for (int64_t j = 0; j < s.kv_len; ++j) visible[i][j] = lo <= j && j <= hi;
+  }
+  return visible;
+}
+
+bool Holds(const BlockSpan& span, int64_t start) { return start >= span.start && start < span.end; }
+
+void CheckBand(const SequenceBand& s, int64_t bq, int64_t bk) {
+  const Band band(s);
+  const auto visible = DenseMask(s);
+  std::vector<bool> row_alive(s.q_len, false);
+  for (int64_t i = 0; i < s.q_len; ++i) {
+    for (int64_t j = 0; j < s.kv_len; ++j) row_alive[i] = row_alive[i] || visible[i][j];
+  }
+  for (int64_t r0 = 0; r0 < s.q_len; r0 += bq) {
+    const int64_t nr = std::min<int64_t>(bq, s.q_len - r0);
+    bool block_alive = true;
+    for (int64_t i = r0; i < r0 + nr; ++i) block_alive = block_alive && row_alive[i];
+    int64_t first, last;
+    band.KeyRange(r0, nr, &first, &last);
+    const BlockSpan keys = band.KeyBlocks(r0, nr, bk);
+    for (int64_t c0 = 0; c0 < s.kv_len; c0 += bk) {
+      const int64_t nc = std::min<int64_t>(bk, s.kv_len - c0);
+      bool any = false, all = true;
+      for (int64_t i = r0; i < r0 + nr; ++i) {
+        for (int64_t j = c0; j < c0 + nc; ++j) {
+          any = any || visible[i][j];
+          all = all && visible[i][j];
+          if (visible[i][j] && (j < first || j > last)) Fail(s, bq, bk, r0, c0, "outside KeyRange");
+        }
+      }
+      ++g_tiles;
+      if (band.Covers(r0, nr, c0, nc) != all) {
+        Fail(s, bq, bk, r0, c0, all ? "full tile not covered" : "covered tile not full");
+      }
+      const bool forward_visits = Holds(keys, c0);
+      const bool backward_visits = Holds(band.QueryBlocks(c0, nc, bq), r0);
+      if (any && !forward_visits) Fail(s, bq, bk, r0, c0, "visible tile outside KeyBlocks");
+      if (any && !backward_visits) Fail(s, bq, bk, r0, c0, "visible tile outside QueryBlocks");
+      if (block_alive) {
+        ++g_tight_tiles;
+        if (!any && forward_visits) Fail(s, bq, bk, r0, c0, "empty tile inside KeyBlocks");
+        if (!any && backward_visits) Fail(s, bq, bk, r0, c0, "empty tile inside QueryBlocks");
+      }
+    }
+  }
+  // QueryRange holds every row that sees a column of each key block.
+  for (int64_t c0 = 0; c0 < s.kv_len; c0 += bk) {
+    const int64_t nc = std::min<int64_t>(bk, s.kv_len - c0);
+    int64_t first, last;
+    band.QueryRange(c0, nc, &first, &last);
+    for (int64_t i = 0; i < s.q_len; ++i) {
+      for (int64_t j = c0; j < c0 + nc; ++j) {
+        if (visible[i][j] && (i < first || i > last)) Fail(s, bq, bk, i, c0, "outside QueryRange");
+      }
+    }
+  }
+}
+
+SequenceBand Seq(int32_t q_len, int32_t kv_len, int32_t lo, int32_t hi, int32_t floor) {
+  return SequenceBand{0, q_len, 0, kv_len, lo, hi, floor};
+}
+
+// The fraction of tiles a causal sequence visits (forward).
+double CausalVisited(int32_t len, int64_t block) {
+  const Band band(Seq(len, len, -kNoLimit, 0, -kNoLimit));
+  int64_t visited = 0, tiles = 0;
+  for (int64_t r0 = 0; r0 < len; r0 += block) {
+    const BlockSpan keys = band.KeyBlocks(r0, std::min<int64_t>(block, len - r0), block);
+    for (int64_t c0 = 0; c0 < len; c0 += block, ++tiles) visited += Holds(keys, c0);
+  }
+  return double(visited) / double(tiles);
+}
+
+}  // namespace
+
+int main() {
+  const int64_t blocks[] = {1, 2, 3, 4, 8, 16, 64};
+  std::vector<SequenceBand> bands = {
+      Seq(13, 13, -kNoLimit, kNoLimit, -kNoLimit),  // no band (sparse_mode 0, 1)
+      Seq(9, 17, -kNoLimit, 0, -kNoLimit),          // left-up causal
+      Seq(9, 17, -kNoLimit, 8, -kNoLimit),          // right-down causal, Skv > Sq
+      Seq(17, 9, -kNoLimit, -8, -kNoLimit),         // right-down causal, Sq > Skv: dead rows
+      Seq(13, 13, -5, 2, -kNoLimit),                // band
+      Seq(13, 13, 3, 9, -kNoLimit),                 // band below the diagonal
+      Seq(9, 17, -kNoLimit, 8, 11),                 // prefix 12
+      Seq(13, 13, 4, 1, -kNoLimit),                 // inverted: nothing visible
+      Seq(0, 13, -kNoLimit, 0, -kNoLimit),          // empty sequences
+      Seq(13, 0, -kNoLimit, 0, -kNoLimit),
+  };
+  std::mt19937 rng(7);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  for (int n = 0; n < 600; ++n) {
+    const int32_t q_len = uniform(0, 70), kv_len = uniform(0, 70);
+    const int32_t lo = uniform(0, 3) == 0 ? -kNoLimit : uniform(-80, 80);
+    const int32_t hi = uniform(0, 3) == 0 ? kNoLimit : uniform(-80, 80);
+    const int32_t floor = uniform(0, 2) == 0 ? uniform(-1, kv_len) : -kNoLimit;
+    bands.push_back(Seq(q_len, kv_len, lo, hi, floor));
+  }
+  for (const SequenceBand& s : bands) {
+    for (int64_t bq : blocks) {
+      for (int64_t bk : blocks) CheckBand(s, bq, bk);
+    }
+  }
+  // Causal 256 x 256 in 16 x 16 tiles: 16 partial diagonal tiles, 120 full, 120 skipped.
+  const double visited = CausalVisited(256, 16);
+  if (!(visited > 0.5 && visited < 0.56)) {
+    ++g_failures;
+    std::printf("FAIL: causal 256x256 visits %.3f of its 16x16 tiles, not about half\n", visited);
+  }
+  std::printf("%zu bands, %ld tiles (%ld in blocks without dead rows), causal visits %.3f: "
+              "%d failures\n",
+              bands.size(), long(g_tiles), long(g_tight_tiles), visited, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}

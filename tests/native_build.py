@@ -1,0 +1,47 @@
+"""The tests' native artefacts, built by CMake (option JAX_ROPE_BUILD_TESTS) in
+build/tests with the kernel library exactly as it ships: the simulated CANN
+runtime and the NPU handlers' host twins (tests/npu_sim).
+
+`make kernel-test` (and so `make test`) configures and builds that directory;
+`build_dir()` reuses it, bringing it up to date with an incremental
+`cmake --build`, and configures it the same way when pytest runs without make.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BUILD_DIR = ROOT / "build" / "tests"
+SIMULATOR = "libjax_rope_npu_sim.so"
+HOST_HANDLERS = "libjax_rope_npu_host_handlers.so"
+
+
+class Unavailable(RuntimeError):
+    """No CMake or C++ compiler here: the native artefacts cannot be built."""
+
+
+def _run(command: list[str]) -> None:
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{run.stdout[-4000:]}{run.stderr[-4000:]}")
+
+
+def build_dir() -> pathlib.Path:
+    """build/tests with every test-only target built; raises Unavailable without a toolchain."""
+    cmake = shutil.which("cmake")
+    if cmake is None or shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise Unavailable("cmake and a C++ compiler are needed for the native test artefacts")
+    if not (BUILD_DIR / "CMakeCache.txt").exists():
+        # The same options as the Makefile's native-tests target.
+        _run([cmake, "-S", str(ROOT), "-B", str(BUILD_DIR), f"-DPython_EXECUTABLE={sys.executable}",
+              "-DJAX_ROPE_BUILD_TESTS=ON", "-DJAX_ROPE_BUILD_MODULE=OFF"])
+    _run([cmake, "--build", str(BUILD_DIR), "--parallel", str(os.cpu_count() or 2)])
+    for name in (SIMULATOR, HOST_HANDLERS):
+        if not (BUILD_DIR / name).exists():
+            raise RuntimeError(f"{BUILD_DIR / name} was not built")
+    return BUILD_DIR
