@@ -19,8 +19,8 @@ import numpy as np
 
 import jax_rope as jr
 from timing import timeit  # benchmarks/timing.py, beside this script
-from jax_rope import rope_fallback
-from jax_rope.rope_options import make_options
+from jax_rope.rope import fallback as rope_fallback
+from jax_rope.rope.options import make_options
 
 
 def rope(q, k, c, s):

@@ -13,7 +13,7 @@ def main(argv=None) -> int:
         print(describe())
         return 0
     if args.command == "masks":
-        from jax_rope import mask_pictures
+        from jax_rope.attention import mask_pictures
 
         print(mask_pictures.render(), end="")
         return 0

@@ -5,15 +5,24 @@ from __future__ import annotations
 import jax
 import jaxlib
 
-from jax_rope import _extension, _jax_shim, backends, npu
+from jax_rope import npu
 from jax_rope._version import __version__
+from jax_rope.core import _jax_shim, extension, implementation
+from jax_rope.core.primitive import DEFINITIONS
 
 
-def _platform_backends(status) -> dict[str, str]:
-    chosen = backends.current_backend()
+def _kernel_platforms() -> tuple[str, ...]:
+    found = []
+    for definition in DEFINITIONS.values():
+        found += [k.platform for k in definition.kernels if k.platform not in found]
+    return tuple(found)
+
+
+def _platform_backends(status, kernel_platforms) -> dict[str, str]:
+    chosen = implementation.current_backend()
     table = {}
-    for platform in ("cpu", npu.PLATFORM, "other platforms"):
-        has_kernel = platform in backends.KERNEL_PLATFORMS + (npu.PLATFORM,) and status.loaded
+    for platform in kernel_platforms + ("other platforms",):
+        has_kernel = platform in kernel_platforms and status.loaded
         if chosen == "fallback" or not has_kernel:
             table[platform] = "error (no kernel)" if chosen == "ffi" else "jnp fallback"
         else:
@@ -26,7 +35,8 @@ def describe(as_dict: bool = False):
     """Reports the version, whether the compiled extension loaded (and if not,
     why), the backend choice, which implementation each platform lowers to,
     and the NPU runtime state. Returns a str, or a dict with `as_dict=True`."""
-    status = _extension.STATUS
+    status = extension.STATUS
+    kernel_platforms = _kernel_platforms()
     info = {
         "jax_rope": __version__,
         "jax": jax.__version__,
@@ -34,11 +44,10 @@ def describe(as_dict: bool = False):
         "extension": ("loaded" if status.loaded else "not loaded") + f" ({status.detail})",
         "extension built against jaxlib": status.built_against_jaxlib or "-",
         "ffi targets": ", ".join(status.targets) or "-",
-        "backend": backends.current_backend()
+        "backend": implementation.current_backend()
         + ("" if _jax_shim.IN_JIT_KEY else " (not part of the jit cache key in this JAX)"),
-        "lowering per platform": _platform_backends(status),
-        "platforms with kernels": ", ".join(backends.KERNEL_PLATFORMS + (npu.PLATFORM,))
-        if status.loaded else "none",
+        "lowering per platform": _platform_backends(status, kernel_platforms),
+        "platforms with kernels": ", ".join(kernel_platforms) if status.loaded else "none",
         **npu.describe(),
         "default JAX platform": jax.default_backend(),
     }

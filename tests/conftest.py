@@ -1,7 +1,8 @@
 """Shared test configuration: hypothesis profiles, the backend fixture and sys.path for the
-NumPy oracle (``oracle.py``) and helpers (``helpers.py``) in this folder.
+NumPy oracles (``rope_oracle.py``, ``attention_oracle.py``, ``rope_tables_oracle.py``) and
+helpers (``helpers.py``) in this folder.
 
-jax_rope is imported lazily so that ``test_oracle.py`` runs without the package.
+jax_rope is imported lazily so that ``test_rope_oracle.py`` runs without the package.
 Environment: ``HYPOTHESIS_PROFILE=thorough`` for more examples; ``JAX_ROPE_TESTS_SKIP_FFI=1``
 skips (instead of failing) the ffi-backend tests where the compiled extension is not built.
 """

@@ -1,10 +1,14 @@
 """Pure NumPy test helpers: input shapes per layout, random inputs, dtype tolerances and
-ulp comparisons. No JAX and no jax_rope here, so ``test_oracle.py`` runs without them."""
+ulp comparisons, and the multi-device subprocess runner. No JAX and no jax_rope here, so ``test_rope_oracle.py`` runs without them."""
+
+import os
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
 
-import oracle
+import rope_oracle as oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}
@@ -171,3 +175,14 @@ def rng_for(*parts):
     """A NumPy generator seeded from the test's parameters (stable across runs)."""
     import zlib
     return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def run_multidevice(which, timeout=300):
+    """Runs multidevice/sharded_checks.py WHICH on 8 simulated CPU devices (a subprocess:
+    XLA_FLAGS must be set before jax is imported) and asserts it printed "ok WHICH"."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, os.path.join(here, "multidevice", "sharded_checks.py"),
+                           which], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert f"ok {which}" in proc.stdout

@@ -3,7 +3,7 @@ single-device flash_attention_score in value and gradient."""
 
 import pytest
 
-from test_sharding import run_multidevice
+from helpers import run_multidevice
 
 
 @pytest.mark.parametrize("devices", ["4", "8"])

@@ -252,3 +252,11 @@ def varlen_case(draw):
 def test_property_varlen(case):
     mode, kw = case
     check(mode, None, None, **kw)
+
+
+def test_readme_pictures_are_the_generated_ones():
+    import pathlib
+
+    from jax_rope.attention import mask_pictures
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    assert mask_pictures.render() in readme

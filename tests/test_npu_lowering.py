@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import jax_rope as jr
-from jax_rope import _extension, npu
+from jax_rope import npu
+from jax_rope.core import extension as _extension
 
 pytestmark = pytest.mark.skipif(not _extension.STATUS.loaded,
                                 reason="compiled extension not loaded")

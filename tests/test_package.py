@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import jax_rope as jr
-from jax_rope import _extension
+from jax_rope.core import extension as _extension
 
 
 def small_inputs():

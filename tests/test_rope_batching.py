@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jax_rope as jr
-import oracle
+import rope_oracle as oracle
 
 
 def make(rng, shape):

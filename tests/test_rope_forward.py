@@ -10,7 +10,7 @@ from hypothesis import given
 
 import helpers
 import jax_rope as jr
-import oracle
+import rope_oracle as oracle
 from conftest import require_backend
 from helpers import DTYPES, args_of, assert_forward_matches, make_inputs, rng_for
 

@@ -12,7 +12,7 @@ from jax.test_util import check_grads
 
 import helpers
 import jax_rope as jr
-import oracle
+import rope_oracle as oracle
 from helpers import DTYPES, GRAD_TOL, args_of, assert_close, f64, make_inputs, rng_for
 
 GRAD_NAMES = ("dq", "dk", "dcos", "dsin")

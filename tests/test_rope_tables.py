@@ -19,7 +19,15 @@ import pytest
 
 import jax_rope as jr
 import rope_tables_oracle as oracle
-from jax_rope.rope_tables import inv_freq_and_attention_factor
+from jax_rope.rope.tables import frequency_plan
+
+
+def inv_freq_and_attention_factor(positions, d, *, base=10000.0, scaling=None,
+                                  max_position_embeddings=None):
+    """rope_cos_sin's inverse frequencies and attention factor, from its frequency plan."""
+    plan = frequency_plan(positions, d, base, scaling, max_position_embeddings)
+    return plan.inv_freq, plan.attention
+
 
 MODES = ("half", "quarter", "interleave")
 EPS32 = float(np.finfo(np.float32).eps)

@@ -10,7 +10,7 @@ import pytest
 
 import helpers
 import jax_rope as jr
-import oracle
+import rope_oracle as oracle
 from conftest import require_backend
 from helpers import (DTYPES, GRAD_TOL, args_of, assert_close, assert_forward_matches, f64,
                      make_inputs, rng_for)
@@ -362,3 +362,30 @@ def test_backend_environment_variable(name):
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == str(name == "ffi")
+
+
+@pytest.mark.parametrize("name", ["ffi", "fallback"])
+def test_jitted_call_validates_shapes_once(name):
+    """Trace-time validation runs once per call: the public function checks, abstract
+    evaluation and lowering (partitioned wrapper, local primitive) only infer shapes."""
+    import sys
+
+    from jax_rope.rope import options as rope_options
+    require_backend(name)
+    q, k, c, s = (jnp.ones(x) for x in ((2, 8, 4, 16), (2, 8, 2, 16), (1, 8, 1, 16),
+                                         (1, 8, 1, 16)))
+    calls = []
+    code = rope_options.check_rope_shapes.__code__
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is code:
+            calls.append(frame.f_code.co_name)
+
+    fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb(*a))
+    with jr.backend(name):
+        sys.setprofile(profile)
+        try:
+            fn.lower(q, k, c, s)
+        finally:
+            sys.setprofile(None)
+    assert calls == ["check_rope_shapes"]

@@ -129,8 +129,65 @@ def check_context_parallel(backend, devices):
                 _close(g, h, 1e-4)
 
 
+def check_partitioned_on_platform(platform):
+    """A RoPE and an attention call with batch sharded over 8 devices, lowered for `platform`:
+    one partitioned region (CustomSPMDPartitioning) per call and no gathering collective. XLA
+    runs the partition callback while compiling; for the NPU platform (no backend here) the
+    callback recorded while compiling for CPU is lowered for the NPU, which shows the NPU
+    kernel inside the region on batch-sharded operands."""
+    from jax_rope import npu
+    from jax_rope.core import partitioning
+    npu.enable_lowering_without_device()
+    mesh = jax.make_mesh((8,), ("data",))
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+    q = put(_normal(0, (8, 16, 4, 64)), P("data"))
+    c = put(_normal(1, (8, 16, 1, 64)), P("data"))
+    calls = {
+        "rope": (lambda q, c: jr.apply_rotary_pos_emb(q, q, c, c), (q, c),
+                 "jax_rope_rope_fwd", npu.ROPE_FWD),
+        "attention": (lambda q, c: jr.flash_attention_score(q, q, q, sparse_mode=2)[0], (q, c),
+                      "jax_rope_attention_fwd", npu.ATTENTION_FWD),
+    }
+    recorded = []
+    original = partitioning._partition
+
+    def record(static, mesh_, arg_shapes, result_shape):
+        mesh_, lower_fn, result_shardings, arg_shardings = original(
+            static, mesh_, arg_shapes, result_shape)
+        recorded.append((lower_fn, arg_shapes, arg_shardings))
+        return mesh_, lower_fn, result_shardings, arg_shardings
+
+    partitioning._partition = record
+    try:
+        for name, (fn, args, cpu_target, npu_target) in calls.items():
+            lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,))
+            text = lowered.as_text()
+            assert text.count("@CustomSPMDPartitioning") == 1, (name, platform, text)
+            assert not [w for w in GATHERS if w.replace("-", "_") in text], (name, platform)
+            recorded.clear()
+            compiled = jax.jit(fn).lower(*args).compile().as_text()  # runs the callback
+            assert not [w for w in GATHERS if w in compiled], (name, compiled)
+            (lower_fn, arg_shapes, arg_shardings), = recorded
+            for sharding in arg_shardings[0]:  # every operand stays split over batch
+                assert sharding.spec[0] == "data", (name, sharding)
+            local = [jax.ShapeDtypeStruct((a.shape[0] // 8,) + a.shape[1:], a.dtype)
+                     for a in jax.tree.leaves(arg_shapes)]
+            inner = jax.jit(lambda *xs: lower_fn(xs)).trace(*local).lower(
+                lowering_platforms=(platform,)).as_text()
+            target = cpu_target if platform == "cpu" else npu_target
+            assert f"@{target}(" in inner, (name, platform, inner)
+            if platform == "cpu":
+                assert cpu_target in compiled, (name, "kernel not in the compiled program")
+    finally:
+        partitioning._partition = original
+
+
 if __name__ == "__main__":
     which = sys.argv[1]
+    if which.startswith("partitioned:"):
+        check_partitioned_on_platform(which.split(":", 1)[1])
+        print("ok", which)
+        sys.exit(0)
     mesh = jax.make_mesh((2, 4), ("data", "model"))
     backends = ("ffi",) if which == "8" else ("ffi", "fallback")  # keep the suite short
     for backend in backends:

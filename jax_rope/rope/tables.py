@@ -21,8 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_MODES = ("half", "quarter", "interleave")
-_DTYPES = ("float32", "float16", "bfloat16")
+from jax_rope.core.validation import FLOAT_DTYPES
+from jax_rope.rope.options import ROTARY_MODES
+
+_MODES = tuple(ROTARY_MODES)
+_DTYPES = tuple(d.name for d in FLOAT_DTYPES)
 _TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
 
 
@@ -219,7 +222,9 @@ def _longrope_tables(base, d, scaling, max_position_embeddings):
     return tables[0], tables[1], original, float(attention)
 
 
-class _Plan(NamedTuple):
+class FrequencyPlan(NamedTuple):
+    """The inverse frequencies of one rope_cos_sin call and how to turn them into phases."""
+
     inv_freq: jax.Array      # float32 (d/2,), traced when it depends on traced positions
     pieces: jax.Array        # float32 (6, d/2): `_turn_pieces` of inv_freq (or of the default)
     exact: object            # True, or a traced bool: the pieces describe inv_freq
@@ -246,11 +251,14 @@ def _turn_pieces(inv64):
 
 
 def _static_plan(inv64, attention):
-    return _Plan(jnp.asarray(inv64, jnp.float32), jnp.asarray(_turn_pieces(inv64)), True,
+    return FrequencyPlan(jnp.asarray(inv64, jnp.float32), jnp.asarray(_turn_pieces(inv64)), True,
                  float(attention))
 
 
-def _plan(positions, d, base, scaling, max_position_embeddings):
+def frequency_plan(positions, d, base, scaling, max_position_embeddings) -> FrequencyPlan:
+    """The plan of `rope_cos_sin` for width d (rotary_dim, or rotary_dim/2 in quarter mode):
+    inverse frequencies (float32 (d/2,), traced when they depend on traced positions) and
+    the attention factor."""
     base = float(base)
     if not base > 0:
         raise ValueError(f"rope_cos_sin: base must be > 0, got {base!r}")
@@ -275,7 +283,7 @@ def _plan(positions, d, base, scaling, max_position_embeddings):
         exps = np.arange(d // 2, dtype=np.float64) * 2 / (d - 2) if d > 2 else np.zeros(1)
         inv = jnp.asarray(default, jnp.float32) * m ** jnp.asarray(-exps, jnp.float32)
         # Up to max_position_embeddings the default frequencies (and exact phases) apply.
-        return _Plan(inv, jnp.asarray(_turn_pieces(default)), largest < mpe, 1.0)
+        return FrequencyPlan(inv, jnp.asarray(_turn_pieces(default)), largest < mpe, 1.0)
     short, long, original, attention = _longrope_tables(base, d, scaling,
                                                         max_position_embeddings)
     # seq_len = largest + 1 > original  <=>  largest >= floor(original) (no overflow at int max)
@@ -283,18 +291,7 @@ def _plan(positions, d, base, scaling, max_position_embeddings):
     use_long = _largest_position(positions) >= threshold
     inv = jnp.where(use_long, jnp.asarray(long, jnp.float32), jnp.asarray(short, jnp.float32))
     pieces = jnp.where(use_long, _turn_pieces(long), _turn_pieces(short))
-    return _Plan(inv, pieces, True, attention)
-
-
-def inv_freq_and_attention_factor(positions, d, *, base=10000.0, scaling=None,
-                                  max_position_embeddings=None):
-    """Inverse frequencies, float32 of shape (d/2,), and the attention factor (a float).
-
-    Same semantics as `rope_cos_sin` (d is the width of one rotary: rotary_dim, or rotary_dim/2
-    in quarter mode). The result is a jnp array, traced when it depends on traced positions.
-    """
-    plan = _plan(positions, d, base, scaling, max_position_embeddings)
-    return plan.inv_freq, plan.attention
+    return FrequencyPlan(inv, pieces, True, attention)
 
 
 def _angles(positions, plan):
@@ -365,7 +362,7 @@ def rope_cos_sin(positions, rotary_dim, *, base=10000.0, rotary_mode="half", sca
     rotary_dim = _check_rotary_dim(rotary_dim, rotary_mode)
     out_dtype = _check_dtype(dtype)
     d = rotary_dim // 2 if rotary_mode == "quarter" else rotary_dim
-    plan = _plan(positions, d, base, scaling, max_position_embeddings)
+    plan = frequency_plan(positions, d, base, scaling, max_position_embeddings)
     angles = _angles(positions, plan)
     if rotary_mode == "half":
         angles = jnp.concatenate([angles, angles], axis=-1)

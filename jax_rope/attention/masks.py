@@ -16,11 +16,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jax_rope import attention_options
-from jax_rope.attention_options import AttentionOptions
+from jax_rope.attention import options as attention_options
+from jax_rope.attention import sparse_modes
+from jax_rope.attention.options import MAX_TOKENS, AttentionOptions
+from jax_rope.attention.sparse_modes import UNLIMITED
 
-UNLIMITED = 1 << 30  # beyond any sequence length; keeps int32 sums exact
-TABLE_COLUMNS = ("q_start", "q_len", "kv_start", "kv_len", "lo_off", "hi_off", "hi_floor")
+#: The table's columns, in order.
+Q_START, Q_LEN, KV_START, KV_LEN, LO, HI, FLOOR = range(7)
 
 
 def _clip(x):
@@ -43,33 +45,11 @@ def sequence_table(options: AttentionOptions, batch: int, q_len: int, kv_len: in
         q_start = kv_start = jnp.zeros((batch,), jnp.int32)
         q_lens = jnp.full((batch,), q_len, jnp.int32)
         kv_lens = jnp.full((batch,), kv_len, jnp.int32)
-    delta = kv_lens - q_lens
-    pre = min(options.pre_tokens, UNLIMITED)
-    nxt = max(min(options.next_tokens, UNLIMITED), -UNLIMITED)
-    none = jnp.full((batch,), -UNLIMITED, jnp.int32)
-    every = jnp.full((batch,), UNLIMITED, jnp.int32)
-    lo, hi, floor = none, every, none
-    mode = options.sparse_mode
-    if mode == 0 and options.has_mask:
-        lo, hi = jnp.full_like(lo, -pre), jnp.full_like(hi, nxt)
-    elif mode == 2:
-        hi = jnp.zeros_like(hi)
-    elif mode == 3:
-        hi = delta
-    elif mode == 4:
-        lo, hi = delta - pre, nxt + delta
-    elif mode in (5, 6):
-        hi = delta
-        floor = jnp.asarray(prefix, jnp.int32).reshape(-1) - 1
-    elif mode in (7, 8):
-        nonempty = q_lens > 0
-        index = jnp.arange(batch)
-        if mode == 7:  # the last non-empty sequence carries the band
-            band = index == jnp.max(jnp.where(nonempty, index, -1))
-            hi = jnp.where(band, nxt + delta, delta)
-        else:  # the first non-empty sequence carries the band
-            band = index == jnp.min(jnp.where(nonempty, index, batch))
-            hi = jnp.where(band, nxt + delta, 0)
+    inputs = sparse_modes.BandInputs(
+        q_lens, kv_lens, min(options.pre_tokens, UNLIMITED),
+        max(min(options.next_tokens, UNLIMITED), -UNLIMITED),
+        prefix, options.has_mask)
+    lo, hi, floor = sparse_modes.rule(options.sparse_mode).band(inputs)
     columns = [q_start, q_lens, kv_start, kv_lens, _clip(lo), _clip(hi), _clip(floor)]
     return jnp.stack([jnp.broadcast_to(c, (batch,)).astype(jnp.int32) for c in columns], axis=1)
 
@@ -77,8 +57,9 @@ def sequence_table(options: AttentionOptions, batch: int, q_len: int, kv_len: in
 def visible_columns(table, rows):
     """Per sequence and local row: the inclusive visible column interval (lo, hi)."""
     i = rows[None, :]
-    lo = jnp.maximum(0, i + table[:, 4:5])
-    hi = jnp.minimum(table[:, 3:4] - 1, jnp.maximum(i + table[:, 5:6], table[:, 6:7]))
+    lo = jnp.maximum(0, i + table[:, LO:LO + 1])
+    hi = jnp.minimum(table[:, KV_LEN:KV_LEN + 1] - 1,
+                     jnp.maximum(i + table[:, HI:HI + 1], table[:, FLOOR:FLOOR + 1]))
     return lo, hi
 
 
@@ -96,11 +77,12 @@ def padded_visibility(table, q_len: int, kv_len: int, mask=None):
 def packed_visibility(table, q_tokens: int, kv_tokens: int, mask=None):
     """Visible positions over packed TND tokens: (1, Nm, Tq, Tkv); different
     sequences (and tokens beyond the last length) never see each other."""
-    q_seq, q_row = _token_owner(table[:, 0], table[:, 1], q_tokens)
-    kv_seq, kv_col = _token_owner(table[:, 2], table[:, 3], kv_tokens)
+    q_seq, q_row = _token_owner(table[:, Q_START], table[:, Q_LEN], q_tokens)
+    kv_seq, kv_col = _token_owner(table[:, KV_START], table[:, KV_LEN], kv_tokens)
     row_table = table[jnp.clip(q_seq, 0, table.shape[0] - 1)]
-    lo = jnp.maximum(0, q_row + row_table[:, 4])
-    hi = jnp.minimum(row_table[:, 3] - 1, jnp.maximum(q_row + row_table[:, 5], row_table[:, 6]))
+    lo = jnp.maximum(0, q_row + row_table[:, LO])
+    hi = jnp.minimum(row_table[:, KV_LEN] - 1,
+                     jnp.maximum(q_row + row_table[:, HI], row_table[:, FLOOR]))
     visible = ((q_seq[:, None] == kv_seq[None, :]) & (q_seq[:, None] >= 0)
                & (kv_col[None, :] >= lo[:, None]) & (kv_col[None, :] <= hi[:, None]))
     visible = visible[None, None]
@@ -120,7 +102,7 @@ def _token_owner(starts, lengths, tokens: int):
     return owner, position
 
 
-def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=2147483647, next_tokens=2147483647,
+def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS,
                 prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, atten_mask=None):
     """The dense boolean mask of a sparse_mode (True = masked out), for inspection.
 
@@ -153,27 +135,3 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=2147483647, next_token
         return ~packed_visibility(table, q_len, kv_len, mask)[0, 0]
     visible = padded_visibility(table, q_len, kv_len, mask)
     return ~(visible[:, 0] if visible.shape[1] == 1 else visible)
-
-
-def tile_classes(table, q_len: int, kv_len: int, block_q: int, block_kv: int,
-                 has_mask: bool = False):
-    """Per sequence, (query block, key block) classes: 0 empty, 1 partial, 2 full.
-
-    The rule the kernels apply (NumPy, for inspection and tests).
-    """
-    table = np.asarray(table, np.int64)
-    nq, nk = -(-q_len // block_q), -(-kv_len // block_kv)
-    classes = np.zeros((table.shape[0], nq, nk), np.int8)
-    for b, (_, q_n, _, kv_n, lo_off, hi_off, floor) in enumerate(table):
-        lo = lambda i: max(0, i + lo_off)
-        hi = lambda i: min(kv_n - 1, max(i + hi_off, floor))
-        for qb in range(-(-q_n // block_q)):
-            r0, r1 = qb * block_q, min(q_n, (qb + 1) * block_q) - 1
-            for kb in range(-(-kv_n // block_kv)):
-                c0, c1 = kb * block_kv, min(kv_n, (kb + 1) * block_kv) - 1
-                rows = range(r0, r1 + 1)
-                if all(hi(i) < c0 or lo(i) > c1 or lo(i) > hi(i) for i in rows):
-                    continue
-                full = not has_mask and lo(r1) <= c0 and hi(r0) >= c1
-                classes[b, qb, kb] = 2 if full else 1
-    return classes

@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_rope import masks
-from jax_rope.attention_options import AttentionOptions
-
-MASK_VALUE = jnp.float32(-3.4028235e38)
-DEAD_ROW_SUM = jnp.float32(3.4028235e38)
+from jax_rope.attention import masks
+from jax_rope.attention.options import DEAD_ROW_SUM, MASK_VALUE, AttentionOptions
 
 
 def _to_bnsd(x, options):
     """(B, N, S, D); packed TND becomes one batch of all tokens."""
-    roles = options.info.roles
+    roles = options.layout_info.roles
     if roles.batch is None:
         return jnp.swapaxes(x, 0, 1)[None]
     return jnp.moveaxis(x, (roles.batch, roles.head, roles.seq), (0, 1, 2))
 
 
 def _from_bnsd(x, options):
-    roles = options.info.roles
+    roles = options.layout_info.roles
     if roles.batch is None:
         return jnp.swapaxes(x[0], 0, 1)
     return jnp.moveaxis(x, (0, 1, 2), (roles.batch, roles.head, roles.seq))

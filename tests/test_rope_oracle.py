@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import helpers
-import oracle
+import rope_oracle as oracle
 
 C = np.array([0.5, 0.25, -1.5, 2.0])
 S = np.array([3.0, -0.5, 0.75, 1.25])

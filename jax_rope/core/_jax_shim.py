@@ -65,7 +65,7 @@ except (ImportError, AttributeError, TypeError):  # pragma: no cover - other JAX
             _global.pop()
 
 
-# --- NPU platform registration (see jax_rope/npu.py) ---------------------------
+# --- platforms JAX may not know yet (see jax_rope/core/platforms.py) ---
 # JAX accepts a platform-specific lowering rule only for a platform it knows
 # (one with a registered PJRT plugin). A plugin may register after jax_rope is
 # imported; and lowering for a platform on a machine without its plugin (the
@@ -102,7 +102,7 @@ def on_plugins_discovered(callback) -> None:
         pass
 
 
-# --- partitioning (see jax_rope/sharding.py) ------------------------------------
+# --- partitioning (see jax_rope/core/primitive.py) ---
 # A lowering that calls custom_partitioning needs the device assignment; jit
 # computes it during lowering only for primitives in a private set.
 

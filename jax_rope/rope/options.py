@@ -1,8 +1,8 @@
 """RoPE options and validation: every rule of spec/rope.md, in one place.
 
-The public functions and the primitives' abstract evaluation both call these
-checks, so a bad call fails at trace time with a message naming the argument,
-the expectation and what was given.
+The public functions call these checks once per call, so a bad call fails at
+trace time with a message naming the argument, the expectation and what was
+given; the C++ handlers check again.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jax_rope.layouts import ROPE_LAYOUTS, RopeLayout
+from jax_rope.core.codes import RotaryMode
+from jax_rope.core.layouts import ROPE_LAYOUTS, AxisRoles
+from jax_rope.core.validation import check_dtypes, shape_and_dtype
 
-ROTARY_MODES = {"half": 0, "quarter": 1, "interleave": 2}
-FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+#: Rotary mode names and their codes.
+ROTARY_MODES = {mode.name.lower(): int(mode) for mode in RotaryMode}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +29,7 @@ class RopeOptions:
     backend: str  # "auto" | "ffi" | "fallback", resolved when the call is traced
 
     @property
-    def roles(self) -> RopeLayout:
+    def roles(self) -> AxisRoles:
         return ROPE_LAYOUTS[self.layout]
 
     @property
@@ -44,31 +46,11 @@ def make_options(layout, rotary_mode, backend) -> RopeOptions:
     return RopeOptions(ROPE_LAYOUTS[layout].name, rotary_mode, backend)
 
 
-def _shape_dtype(name, x):
-    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-        raise TypeError(f"{name} must be an array, got {type(x).__name__}")
-    return tuple(x.shape), jnp.dtype(x.dtype)
-
-
-def check_dtypes(named) -> None:
-    """All arrays share one dtype among float32, float16, bfloat16."""
-    (first, x0), *rest = named
-    dtype = jnp.dtype(x0.dtype)
-    if dtype not in FLOAT_DTYPES:
-        raise TypeError(
-            f"{first} must have dtype float32, float16 or bfloat16, got {dtype.name}")
-    for name, x in rest:
-        if jnp.dtype(x.dtype) != dtype:
-            raise TypeError(
-                f"{name} must have the dtype of {first} ({dtype.name}), "
-                f"got {jnp.dtype(x.dtype).name}")
-
-
 def check_rope_shapes(options: RopeOptions, query, key, cos, sin,
                       names=("query", "key", "cos", "sin")) -> None:
     """Validates shapes and dtypes of a forward (or backward) call."""
     qn, kn, cn, sn = names
-    shapes = {n: _shape_dtype(n, x)[0] for n, x in zip(names, (query, key, cos, sin))}
+    shapes = {n: shape_and_dtype(n, x)[0] for n, x in zip(names, (query, key, cos, sin))}
     check_dtypes(list(zip(names, (query, key, cos, sin))))
     roles = options.roles
     expected = roles.describe_shape()
@@ -127,7 +109,7 @@ def check_grad_inputs(options: RopeOptions, grad_query, grad_key, cos, sin, quer
     if query is not None:
         for name, x, like, like_name in (("query", query, grad_query, "grad_query_out"),
                                          ("key", key, grad_key, "grad_key_out")):
-            shape, dtype = _shape_dtype(name, x)
+            shape, dtype = shape_and_dtype(name, x)
             if shape != tuple(like.shape):
                 raise ValueError(
                     f"{name} must have the shape of {like_name} {tuple(like.shape)}, got {shape}")

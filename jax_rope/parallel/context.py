@@ -28,23 +28,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jax_rope.attention import _prepare, flash_attention_score
-from jax_rope.attention_options import MAX_TOKENS
-from jax_rope.attention_primitives import attention_bwd_p
-
-MASK_VALUE = np.float32(-3.4028235e38)  # softmax_max of a row that sees no key
-DEAD_SUM = np.float32(3.4028235e38)
+from jax_rope.attention import ops, sparse_modes
+from jax_rope.attention.api import flash_attention_score
+from jax_rope.attention.options import DEAD_ROW_SUM, MASK_VALUE, MAX_TOKENS
 
 
-def _plan_branches(sparse_mode, pre_tokens, next_tokens, chunks, length):
+def _chunk_branches(sparse_mode, pre_tokens, next_tokens, chunks, length):
     """Static branches per chunk offset: ("skip",), ("full",) or ("band", pre, next),
     and a table from offset + chunks - 1 to branch index."""
-    if sparse_mode == 0:
-        nxt, pre = float("inf"), float("inf")
-    elif sparse_mode in (2, 3):  # Sq == Skv: rightDownCausal is leftUpCausal
-        nxt, pre = 0, float("inf")
-    else:
-        nxt, pre = next_tokens, pre_tokens
+    # Sq == Skv: each supported mode is a top-left window (rightDownCausal is leftUpCausal).
+    pre, nxt = sparse_modes.rule(sparse_mode).top_left_window(pre_tokens, next_tokens)
     branches, index = [], []
     for c in range(-(chunks - 1), chunks):
         o = c * length  # key chunk start - query chunk start
@@ -85,18 +78,18 @@ def _pair_forward(branch, scale, q, k, v):
 def _pair_backward(branch, scale, q, k, v, out, dout, lse):
     if branch[0] == "skip":
         return tuple(jnp.zeros(x.shape, jnp.float32) for x in (q, k, v))
-    options, (q_, k_, v_), table, mask = _prepare(
-        q, k, v, True, input_layout="BSND", head_num=None, atten_mask=None, prefix=None,
-        actual_seq_qlen=None, actual_seq_kvlen=None, **_call_kwargs(branch, scale))
+    call = ops.prepare(q, k, v, input_layout="BSND", head_num=None, atten_mask=None,
+                       prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None,
+                       **_call_kwargs(branch, scale))
     dead = jnp.isneginf(lse)
     softmax_max = jnp.where(dead, MASK_VALUE, lse)
-    softmax_sum = jnp.where(dead, DEAD_SUM, 1.0).astype(jnp.float32)
-    grads = attention_bwd_p.bind(q_, k_, v_, out, dout, softmax_max, softmax_sum, table, *mask,
-                                 options=options)
+    softmax_sum = jnp.where(dead, DEAD_ROW_SUM, 1.0).astype(jnp.float32)
+    grads = ops.backward(call.options, call.query, call.key, call.value, out, dout,
+                         softmax_max, softmax_sum, call.table, call.mask)
     return tuple(g.astype(jnp.float32) for g in grads)
 
 
-class _Plan:
+class _RingSchedule:
     """Everything static about one call: mesh axis, chunking and branches."""
 
     def __init__(self, axis, devices, strategy, load_balance, seq_len, sparse_mode,
@@ -105,7 +98,7 @@ class _Plan:
         self.slots = 2 if load_balance else 1
         self.chunks = devices * self.slots
         self.length = seq_len // self.chunks
-        self.branches, self.index = _plan_branches(sparse_mode, pre_tokens, next_tokens,
+        self.branches, self.index = _chunk_branches(sparse_mode, pre_tokens, next_tokens,
                                                    self.chunks, self.length)
 
     def chunk(self, device, slot):
@@ -123,32 +116,32 @@ class _Plan:
         return jax.lax.ppermute(x, self.axis, [(i, (i + 1) % self.n) for i in range(self.n)])
 
 
-def _visits(plan, k, v):
+def _visits(schedule, k, v):
     """Per step t, a function giving the visiting key/value block (source e - t)."""
-    if plan.strategy == "all_gather":
-        k_all = jax.lax.all_gather(k, plan.axis, axis=1, tiled=True)
-        v_all = jax.lax.all_gather(v, plan.axis, axis=1, tiled=True)
+    if schedule.strategy == "all_gather":
+        k_all = jax.lax.all_gather(k, schedule.axis, axis=1, tiled=True)
+        v_all = jax.lax.all_gather(v, schedule.axis, axis=1, tiled=True)
         size = k.shape[1]
         return lambda t, kv, src: (jax.lax.dynamic_slice_in_dim(k_all, src * size, size, 1),
                                    jax.lax.dynamic_slice_in_dim(v_all, src * size, size, 1))
-    return lambda t, kv, src: kv if t == 0 else plan.shift(kv)
+    return lambda t, kv, src: kv if t == 0 else schedule.shift(kv)
 
 
-def _forward(plan, q, k, v):
-    me = jax.lax.axis_index(plan.axis)
-    q_slots = plan.split(q)
+def _forward(schedule, q, k, v):
+    me = jax.lax.axis_index(schedule.axis)
+    q_slots = schedule.split(q)
     outs = [jnp.zeros(x.shape[:3] + v.shape[3:], jnp.float32) for x in q_slots]
     lses = [jnp.full((x.shape[0], x.shape[2], x.shape[1]), -jnp.inf, jnp.float32)
             for x in q_slots]
-    visit, kv = _visits(plan, k, v), (k, v)
-    for t in range(plan.n):
-        src = (me - t) % plan.n
+    visit, kv = _visits(schedule, k, v), (k, v)
+    for t in range(schedule.n):
+        src = (me - t) % schedule.n
         kv = visit(t, kv, src)
-        for ks, (kc, vc) in enumerate(zip(plan.split(kv[0]), plan.split(kv[1]))):
+        for ks, (kc, vc) in enumerate(zip(schedule.split(kv[0]), schedule.split(kv[1]))):
             for qs, qc in enumerate(q_slots):
-                branches = [functools.partial(_pair_forward, b, plan.scale)
-                            for b in plan.branches]
-                o, lse = jax.lax.switch(plan.branch(me, qs, src, ks), branches, qc, kc, vc)
+                branches = [functools.partial(_pair_forward, b, schedule.scale)
+                            for b in schedule.branches]
+                o, lse = jax.lax.switch(schedule.branch(me, qs, src, ks), branches, qc, kc, vc)
                 new = jnp.logaddexp(lses[qs], lse)
                 safe = jnp.where(jnp.isneginf(new), 0.0, new)
                 w_old = jnp.swapaxes(jnp.exp(lses[qs] - safe), 1, 2)[..., None]
@@ -159,33 +152,33 @@ def _forward(plan, q, k, v):
     return out, jnp.concatenate(lses, axis=2)
 
 
-def _backward(plan, q, k, v, out, lse, dout):
-    me = jax.lax.axis_index(plan.axis)
-    q_slots, o_slots, d_slots = plan.split(q), plan.split(out), plan.split(dout)
-    l_slots = [lse[:, :, i * plan.length:(i + 1) * plan.length] for i in range(plan.slots)]
+def _backward(schedule, q, k, v, out, lse, dout):
+    me = jax.lax.axis_index(schedule.axis)
+    q_slots, o_slots, d_slots = schedule.split(q), schedule.split(out), schedule.split(dout)
+    l_slots = [lse[:, :, i * schedule.length:(i + 1) * schedule.length] for i in range(schedule.slots)]
     dq = [jnp.zeros(x.shape, jnp.float32) for x in q_slots]
-    ring = plan.strategy == "ring"
+    ring = schedule.strategy == "ring"
     if ring:
         blocks = (k, v)
         dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
     else:
-        visit = _visits(plan, k, v)
-        dkv_all = (jnp.zeros((k.shape[0], k.shape[1] * plan.n) + k.shape[2:], jnp.float32),
-                   jnp.zeros((v.shape[0], v.shape[1] * plan.n) + v.shape[2:], jnp.float32))
-    for t in range(plan.n):
-        src = (me - t) % plan.n
+        visit = _visits(schedule, k, v)
+        dkv_all = (jnp.zeros((k.shape[0], k.shape[1] * schedule.n) + k.shape[2:], jnp.float32),
+                   jnp.zeros((v.shape[0], v.shape[1] * schedule.n) + v.shape[2:], jnp.float32))
+    for t in range(schedule.n):
+        src = (me - t) % schedule.n
         if ring:
             if t:
-                blocks, dkv = plan.shift(blocks), plan.shift(dkv)
+                blocks, dkv = schedule.shift(blocks), schedule.shift(dkv)
         else:
             blocks = visit(t, None, src)
             dkv = tuple(jnp.zeros(x.shape, jnp.float32) for x in blocks)
-        dk_slots, dv_slots = plan.split(dkv[0]), plan.split(dkv[1])
-        for ks, (kc, vc) in enumerate(zip(plan.split(blocks[0]), plan.split(blocks[1]))):
-            for qs in range(plan.slots):
-                branches = [functools.partial(_pair_backward, b, plan.scale)
-                            for b in plan.branches]
-                g = jax.lax.switch(plan.branch(me, qs, src, ks), branches, q_slots[qs], kc, vc,
+        dk_slots, dv_slots = schedule.split(dkv[0]), schedule.split(dkv[1])
+        for ks, (kc, vc) in enumerate(zip(schedule.split(blocks[0]), schedule.split(blocks[1]))):
+            for qs in range(schedule.slots):
+                branches = [functools.partial(_pair_backward, b, schedule.scale)
+                            for b in schedule.branches]
+                g = jax.lax.switch(schedule.branch(me, qs, src, ks), branches, q_slots[qs], kc, vc,
                                    o_slots[qs], d_slots[qs], l_slots[qs])
                 dq[qs] = dq[qs] + g[0]
                 dk_slots[ks] = dk_slots[ks] + g[1]
@@ -197,26 +190,26 @@ def _backward(plan, q, k, v, out, lse, dout):
                 acc, acc_blk + jax.lax.dynamic_slice_in_dim(acc, src * size, size, 1),
                 src * size, 1) for acc, acc_blk in zip(dkv_all, dkv))
     if ring:  # the visiting block's gradients go home: one more step around
-        dk, dv = plan.shift(dkv)
+        dk, dv = schedule.shift(dkv)
     else:
-        dk, dv = (jax.lax.psum_scatter(x, plan.axis, scatter_dimension=1, tiled=True)
+        dk, dv = (jax.lax.psum_scatter(x, schedule.axis, scatter_dimension=1, tiled=True)
                   for x in dkv_all)
     return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(plan, q, k, v):
-    return _forward(plan, q, k, v)[0]
+def _attention(schedule, q, k, v):
+    return _forward(schedule, q, k, v)[0]
 
 
-def _attention_fwd(plan, q, k, v):
-    out, lse = _forward(plan, q, k, v)
+def _attention_fwd(schedule, q, k, v):
+    out, lse = _forward(schedule, q, k, v)
     return out, (q, k, v, out, lse)
 
 
-def _attention_bwd(plan, residuals, dout):
+def _attention_bwd(schedule, residuals, dout):
     q, k, v, out, lse = residuals
-    return _backward(plan, q, k, v, out, lse, dout.astype(out.dtype))
+    return _backward(schedule, q, k, v, out, lse, dout.astype(out.dtype))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -276,8 +269,9 @@ def context_parallel_attention(query, key, value, *, mesh, seq_axis, strategy="r
     """
     if strategy not in ("ring", "all_gather"):
         raise ValueError(f"strategy must be 'ring' or 'all_gather', got {strategy!r}")
-    if sparse_mode not in (0, 2, 3, 4):
-        raise ValueError(f"sparse_mode must be 0, 2, 3 or 4 for context parallelism, "
+    supported = [int(m) for m, r in sparse_modes.RULES.items() if r.top_left_window]
+    if sparse_mode not in supported:
+        raise ValueError(f"sparse_mode must be one of {supported} for context parallelism, "
                          f"got {sparse_mode!r}")
     if seq_axis not in mesh.axis_names:
         raise ValueError(f"seq_axis must name an axis of the mesh {mesh.axis_names}, "
@@ -297,13 +291,13 @@ def context_parallel_attention(query, key, value, *, mesh, seq_axis, strategy="r
                          f"got {query.shape[1]}")
     if scale is None:
         scale = 1.0 / float(np.sqrt(query.shape[-1]))
-    plan = _Plan(seq_axis, n, strategy, load_balance, query.shape[1], sparse_mode,
+    schedule = _RingSchedule(seq_axis, n, strategy, load_balance, query.shape[1], sparse_mode,
                  pre_tokens, next_tokens, float(scale))
 
     def local(q, k, v):
         if load_balance:
             q, k, v = (_zigzag(x, seq_axis, n) for x in (q, k, v))
-        out = _attention(plan, q, k, v)
+        out = _attention(schedule, q, k, v)
         return _zigzag(out, seq_axis, n, inverse=True) if load_balance else out
 
     spec = PartitionSpec(None, seq_axis)

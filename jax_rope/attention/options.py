@@ -17,13 +17,14 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
-from jax_rope.layouts import ATTENTION_LAYOUTS, AttentionLayout
-from jax_rope.rope_options import check_dtypes
+from jax_rope.attention import sparse_modes
+from jax_rope.core.layouts import ATTENTION_LAYOUTS, AttentionLayout
+from jax_rope.core.validation import check_dtypes, check_int
 
-MAX_TOKENS = 2147483647
-COMPRESSED_MASK_SHAPES = {2: (2048, 2048), 3: (2048, 2048), 4: (2048, 2048), 6: (3072, 2048),
-                          7: (2048, 2048), 8: (2048, 2048)}
-ELEMENT_MASK_MODES = (0, 1, 5)
+MAX_TOKENS = 2147483647  # pre_tokens/next_tokens default: no limit
+# The statistics of a row that sees no key (spec/attention.md): its max and sum.
+MASK_VALUE = np.float32(-3.4028235e38)
+DEAD_ROW_SUM = np.float32(3.4028235e38)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class AttentionOptions:
     backend: str
 
     @property
-    def info(self) -> AttentionLayout:
+    def layout_info(self) -> AttentionLayout:
         return ATTENTION_LAYOUTS[self.layout]
 
     @property
@@ -68,12 +69,6 @@ def _concrete(x):
         return None
 
 
-def _check_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    return int(value)
-
-
 def split_heads(x, info: AttentionLayout, heads: int):
     """BSH/SBH (.., N*D) -> (.., N, D); other layouts unchanged."""
     if not info.packed_heads:
@@ -90,7 +85,7 @@ def _head_counts(info, query, key, value, head_num):
     if info.packed_heads:
         if head_num is None:
             raise ValueError(f"head_num is required for input_layout {info.name}, got None")
-        head_num = _check_int("head_num", head_num)
+        head_num = check_int("head_num", head_num)
         hq = query.shape[-1]
         if head_num <= 0 or hq % head_num:
             raise ValueError(
@@ -107,7 +102,7 @@ def _head_counts(info, query, key, value, head_num):
         return head_num, n2
     roles = info.roles
     n1, n2 = query.shape[roles.head], key.shape[roles.head]
-    if head_num is not None and _check_int("head_num", head_num) != n1:
+    if head_num is not None and check_int("head_num", head_num) != n1:
         raise ValueError(f"head_num must equal query's head count {n1}, got {head_num}")
     if value.shape[roles.head] != n2:
         raise ValueError(
@@ -194,27 +189,30 @@ def _check_band(pre, nxt, q_len, kv_len, where):
 
 def _check_tokens(mode, pre, nxt, pairs, has_user_mask):
     """The band rules after conversion to top-left, and the mode 7/8 rules."""
+    token_rule = sparse_modes.rule(mode).token_rule
+    is_band = token_rule == "band" or (token_rule == "band_with_mask" and has_user_mask)
     if pairs is None:  # traced varlen lengths: only what needs no length
-        if (mode == 4 or (mode == 0 and has_user_mask)) and pre < 0 and nxt < 0:
+        if is_band and pre < 0 and nxt < 0:
             _check_band(pre, nxt, 1, 1, "")
         return
-    if mode == 4 or (mode == 0 and has_user_mask):
+    if is_band:
         for idx, (sq, skv) in enumerate(pairs):
             if sq == 0 or skv == 0:
                 continue
-            delta = skv - sq if mode == 4 else 0
+            delta = skv - sq if token_rule == "band" else 0  # band: bottom-right aligned
             where = f" (sequence {idx})" if len(pairs) > 1 else ""
             _check_band(pre - delta, nxt + delta, sq, skv, where)
-    if mode in (7, 8):
+    if token_rule in ("edge_last", "edge_first"):
         nonempty = [p for p in pairs if p[0] > 0]
         if not nonempty:
             return
-        sq, skv = nonempty[-1] if mode == 7 else nonempty[0]
-        which = "last" if mode == 7 else "first"
+        last = token_rule == "edge_last"
+        sq, skv = nonempty[-1] if last else nonempty[0]
+        which = "last" if last else "first"
         if pre < skv:
             raise ValueError(f"pre_tokens must be >= the {which} sequence's Skv={skv} "
                              f"in sparse_mode {mode}, got {pre}")
-        low, high = sq - skv, (0 if mode == 7 else None)
+        low, high = sq - skv, (0 if last else None)
         if nxt < low or (high is not None and nxt > high):
             bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
             raise ValueError(f"next_tokens must be {bound} (from the {which} sequence, "
@@ -222,7 +220,7 @@ def _check_tokens(mode, pre, nxt, pairs, has_user_mask):
 
 
 def _check_prefix(prefix, mode, sizes, pairs):
-    if mode not in (5, 6):
+    if not sparse_modes.rule(mode).needs_prefix:
         return None
     if prefix is None:
         raise ValueError(f"prefix is required for sparse_mode {mode}, got None")
@@ -242,8 +240,9 @@ def _check_prefix(prefix, mode, sizes, pairs):
 
 def _check_mask(atten_mask, mode, sizes, varlen, pairs):
     """Returns the element mask to apply (uint8, 4-D) or None."""
+    rule = sparse_modes.rule(mode)
     if atten_mask is None:
-        if mode in (1, 5):
+        if rule.mask_required:
             raise ValueError(f"atten_mask is required for sparse_mode {mode}, got None")
         return None
     if not hasattr(atten_mask, "shape") or jnp.dtype(atten_mask.dtype) not in (
@@ -251,10 +250,10 @@ def _check_mask(atten_mask, mode, sizes, varlen, pairs):
         raise TypeError(f"atten_mask must be a bool or uint8 array, got "
                         f"{getattr(atten_mask, 'dtype', type(atten_mask).__name__)}")
     shape = tuple(atten_mask.shape)
-    if mode in COMPRESSED_MASK_SHAPES:
-        if shape != COMPRESSED_MASK_SHAPES[mode]:
+    if not rule.element_mask:
+        if shape != rule.compressed_mask:
             raise ValueError(f"atten_mask in sparse_mode {mode} must be the compressed "
-                             f"{COMPRESSED_MASK_SHAPES[mode]} mask or None, got shape {shape}")
+                             f"{rule.compressed_mask} mask or None, got shape {shape}")
         return None  # the geometry comes from the mode alone
     if varlen:
         ok = len(shape) == 2
@@ -279,15 +278,16 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
         raise ValueError(f"input_layout must be one of {sorted(ATTENTION_LAYOUTS)}, "
                          f"got {input_layout!r}")
     info = ATTENTION_LAYOUTS[input_layout]
-    mode = _check_int("sparse_mode", sparse_mode)
-    if not 0 <= mode <= 8:
+    mode = check_int("sparse_mode", sparse_mode)
+    if mode not in sparse_modes.RULES:
         raise ValueError(f"sparse_mode must be in 0..8, got {mode}")
-    if mode in (7, 8) and not info.name == "TND":
+    layouts = sparse_modes.rule(mode).layouts
+    if layouts == "TND" and info.name != "TND":
         raise ValueError(f"sparse_mode {mode} needs input_layout TND, got {info.name}")
-    if mode == 5 and info.name == "TND":
-        raise ValueError("sparse_mode 5 is not supported with input_layout TND")
-    pre = _check_int("pre_tokens", pre_tokens)
-    nxt = _check_int("next_tokens", next_tokens)
+    if layouts == "padded" and info.name == "TND":
+        raise ValueError(f"sparse_mode {mode} is not supported with input_layout TND")
+    pre = check_int("pre_tokens", pre_tokens)
+    nxt = check_int("next_tokens", next_tokens)
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")

@@ -1,17 +1,24 @@
 """Layout table: each layout name maps to axis roles, so the rest of the code
-sees one canonical description instead of chains of `if layout == ...`."""
+sees one canonical description instead of chains of `if layout == ...`.
+
+The codes and roles come from `codes.py` (the mirror of the C++ header the
+kernels, handlers and NPU glue read), so Python and C++ cannot disagree.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+from jax_rope.core.codes import LAYOUT_ROLES, Layout
+
 
 @dataclasses.dataclass(frozen=True)
-class RopeLayout:
-    """Axis roles of query/key (and cos/sin, whose head axis is 1)."""
+class AxisRoles:
+    """Axis roles of a kernel layout: query/key/value (and RoPE's cos/sin,
+    whose head axis has size 1)."""
 
     name: str
-    code: int  # shared with the C++ kernels and the NPU operator
+    code: int  # codes.Layout
     rank: int
     batch: int | None  # None: no batch axis (packed TND)
     seq: int
@@ -31,32 +38,31 @@ class RopeLayout:
         return "(" + ", ".join(roles) + ")"
 
 
-ROPE_LAYOUTS = {
-    "BSND": RopeLayout("BSND", 1, 4, batch=0, seq=1, head=2),
-    # BSH is a legacy name for the same 4-D layout (rope.md), not a 3-D one.
-    "BSH": RopeLayout("BSND", 1, 4, batch=0, seq=1, head=2),
-    "SBND": RopeLayout("SBND", 2, 4, batch=1, seq=0, head=2),
-    "BNSD": RopeLayout("BNSD", 3, 4, batch=0, seq=2, head=1),
-    "TND": RopeLayout("TND", 4, 3, batch=None, seq=0, head=1),
-}
+def _roles(layout: Layout) -> AxisRoles:
+    rank, batch, seq, head = LAYOUT_ROLES[layout]
+    return AxisRoles(layout.name, int(layout), rank, None if batch < 0 else batch, seq, head)
+
+
+#: Kernel layouts by name.
+KERNEL_LAYOUTS = {layout.name: _roles(layout) for layout in Layout}
+
+#: RoPE's layout names; BSH is a legacy name for the same 4-D layout as BSND (rope.md).
+ROPE_LAYOUTS = {**KERNEL_LAYOUTS, "BSH": KERNEL_LAYOUTS["BSND"]}
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionLayout:
-    """Axis roles of an attention layout after BSH/SBH are split into heads.
-
-    `kernel` names the 4-D (or TND) layout the kernels see; `packed_heads` marks
-    the 3-D layouts whose last axis is N*D (head_num required).
-    """
+    """An attention input layout: BSH/SBH are split into heads before the
+    kernels see them (`packed_heads`: last axis N*D, head_num required)."""
 
     name: str
-    kernel: str
+    kernel: str  # the kernel layout after the head split
     rank: int
     packed_heads: bool
 
     @property
-    def roles(self) -> RopeLayout:
-        return ROPE_LAYOUTS[self.kernel]
+    def roles(self) -> AxisRoles:
+        return KERNEL_LAYOUTS[self.kernel]
 
 
 ATTENTION_LAYOUTS = {

@@ -9,21 +9,9 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from jax_rope import masks
-from jax_rope.attention_options import MAX_TOKENS, attention_call, merge_heads
-from jax_rope.attention_primitives import attention_bwd_p, attention_fwd_p, attention_scores_p
-from jax_rope.backends import current_backend
-
-sparse_mask = masks.sparse_mask
-
-
-def _prepare(query, key, value, needs_value, **kwargs):
-    options, sizes, heads, mask, prefix = attention_call(
-        query, key, value, backend=current_backend(), needs_value=needs_value, **kwargs)
-    table = masks.sequence_table(options, sizes.batch, sizes.q_len, sizes.kv_len, prefix=prefix,
-                                 actual_seq_qlen=kwargs["actual_seq_qlen"],
-                                 actual_seq_kvlen=kwargs["actual_seq_kvlen"])
-    return options, heads, table, () if mask is None else (mask,)
+from jax_rope.attention import ops
+from jax_rope.attention.masks import sparse_mask
+from jax_rope.attention.options import MAX_TOKENS
 
 
 def attention_scores(query, key, *, input_layout="BSND", head_num=None, scale=None,
@@ -35,12 +23,12 @@ def attention_scores(query, key, *, input_layout="BSND", head_num=None, scale=No
     (and, for TND, positions of different sequences) hold -3.4028235e38.
     Arguments and errors as in `flash_attention_score`.
     """
-    options, (q, k, _), table, mask = _prepare(
-        query, key, key, False, input_layout=input_layout, head_num=head_num, scale=scale,
+    call = ops.prepare(
+        query, key, input_layout=input_layout, head_num=head_num, scale=scale,
         sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
         atten_mask=atten_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
         actual_seq_kvlen=actual_seq_kvlen)
-    return attention_scores_p.bind(q, k, table, *mask, options=options)
+    return ops.scores(call)
 
 
 def flash_attention_score(query, key, value, *, input_layout="BSND", head_num=None, scale=None,
@@ -67,25 +55,26 @@ def flash_attention_score(query, key, value, *, input_layout="BSND", head_num=No
     Raises:
       ValueError/TypeError at trace time for input that breaks attention.md's rules.
     """
-    options, (q, k, v), table, mask = _prepare(
-        query, key, value, True, input_layout=input_layout, head_num=head_num, scale=scale,
+    call = ops.prepare(
+        query, key, value, input_layout=input_layout, head_num=head_num, scale=scale,
         sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
         atten_mask=atten_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,
         actual_seq_kvlen=actual_seq_kvlen)
-    out, softmax_max, softmax_sum = _flash(options, q, k, v, table, mask)
-    return merge_heads(out, options.info), softmax_max, softmax_sum
+    out, softmax_max, softmax_sum = _flash(call.options, call.query, call.key, call.value,
+                                           call.table, call.mask)
+    return call.merge_heads(out), softmax_max, softmax_sum
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(options, query, key, value, table, mask):
-    return tuple(attention_fwd_p.bind(query, key, value, table, *mask, options=options))
+    return ops.forward(options, query, key, value, table, mask)
 
 
 def _flash_fwd(options, query, key, value, table, mask):
     args = (query.value, key.value, value.value, table.value)
     mask = jax.tree.map(lambda m: m.value, mask)
-    outs = attention_fwd_p.bind(*args, *mask, options=options)
-    return tuple(outs), (args, tuple(outs), mask)
+    outs = ops.forward(options, *args, mask)
+    return outs, (args, outs, mask)
 
 
 def _flash_bwd(options, residuals, cotangents):
@@ -96,9 +85,9 @@ def _flash_bwd(options, residuals, cotangents):
                          "softmax_max and softmax_sum are statistics without a gradient")
     if isinstance(dout, SymbolicZero):
         dout = jnp.zeros(out.shape, out.dtype)
-    grads = attention_bwd_p.bind(query, key, value, out, dout, softmax_max, softmax_sum, table,
-                                 *mask, options=options)
-    return tuple(grads) + (None, None)
+    grads = ops.backward(options, query, key, value, out, dout, softmax_max, softmax_sum, table,
+                         mask)
+    return grads + (None, None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd, symbolic_zeros=True)

@@ -7,7 +7,7 @@ reference that the tests then cast once to float16/bfloat16).
 The rotation ``rot`` is built from explicit index arithmetic (one source index and one sign
 per output position) rather than from slicing and concatenation, so that the oracle does not
 share its shape of code with a jnp implementation. ``rotation_matrix`` builds the same map
-as an explicit r x r matrix for the adjoint checks in ``test_oracle.py``.
+as an explicit r x r matrix for the adjoint checks in ``test_rope_oracle.py``.
 """
 
 import numpy as np

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import SymbolicZero
 
-from jax_rope.backends import current_backend
-from jax_rope.rope_options import check_grad_inputs, check_rope_shapes, make_options
-from jax_rope.rope_primitives import rope_bwd_p, rope_fwd_p
+from jax_rope.core.implementation import current_backend
+from jax_rope.rope.options import check_grad_inputs, check_rope_shapes, make_options
+from jax_rope.rope.primitives import rope_bwd_p, rope_fwd_p
 
 
 def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax_rope.masks import sparse_mask
+from jax_rope.attention.masks import sparse_mask
 
 Q_LEN, KV_LEN = 6, 8
 _PREFIX_MASK = np.triu(np.ones((Q_LEN, KV_LEN), bool), KV_LEN - Q_LEN + 1)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_rope.rope_options import RopeOptions
+from jax_rope.rope.options import RopeOptions
 
 
 def _halves(x):

@@ -23,7 +23,8 @@ import dataclasses
 
 import numpy as np
 
-from jax_rope.attention_options import MAX_TOKENS
+from jax_rope.attention import sparse_modes
+from jax_rope.attention.options import MAX_TOKENS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,9 @@ class SequenceParallelShard:
     sparse_mode: int  # 2, 3, 7 or 8
     pre_tokens: int
     next_tokens: int
+
+
+_CUTTABLE = [int(m) for m, r in sparse_modes.RULES.items() if r.varlen_cut_mode is not None]
 
 
 def _cumulative(name, values):
@@ -64,16 +68,18 @@ def _shard(q_ends, kv_ends, start, end, mode):
         kv_lens.append(int(kv_ends[b] - kv_starts[b]))
     kv_start, kv_end = int(kv_starts[first]), int(kv_ends[last])
     shard_mode, pre, nxt = mode, MAX_TOKENS, MAX_TOKENS
+    cut_mode = sparse_modes.rule(mode).varlen_cut_mode  # the band mode a cut piece becomes
+    carrier = sparse_modes.rule(cut_mode).token_rule  # which sequence carries its band
     seq_q, seq_kv = int(q_ends[first] - q_starts[first]), kv_lens[0]
-    if mode == 2 and start > q_starts[first]:  # first sequence starts inside: band
+    if carrier == "edge_first" and start > q_starts[first]:  # first sequence starts inside
         r0 = int(start - q_starts[first])
-        shard_mode, pre, nxt = 8, seq_kv, r0 - (seq_kv - q_lens[0])
+        shard_mode, pre, nxt = int(cut_mode), seq_kv, r0 - (seq_kv - q_lens[0])
     seq_q, seq_kv = int(q_ends[last] - q_starts[last]), kv_lens[-1]
-    if mode == 3 and end < q_ends[last]:  # last sequence ends in a later shard
+    if carrier == "edge_last" and end < q_ends[last]:  # last sequence ends in a later shard
         r0 = int(max(start, q_starts[last]) - q_starts[last])
         r1 = int(end - q_starts[last])
-        if r0 >= seq_q - seq_kv:  # mode 7's rule Sq - Skv <= next_tokens
-            shard_mode, pre, nxt = 7, seq_kv, r1 - seq_q
+        if r0 >= seq_q - seq_kv:  # the cut mode's rule Sq - Skv <= next_tokens
+            shard_mode, pre, nxt = int(cut_mode), seq_kv, r1 - seq_q
         else:  # rows that see fewer keys than the band allows: keep only the visible keys
             visible = int(min(max(r1 + seq_kv - seq_q, 0), seq_kv))
             kv_lens[-1] = visible
@@ -113,7 +119,7 @@ def varlen_sequence_parallel_split(actual_seq_qlen, actual_seq_kvlen, num_shards
     if q_ends.shape != kv_ends.shape:
         raise ValueError(f"actual_seq_kvlen must have the length of actual_seq_qlen "
                          f"{q_ends.size}, got {kv_ends.size}")
-    if sparse_mode not in (2, 3):
+    if sparse_mode not in _CUTTABLE:
         raise ValueError(f"sparse_mode must be 2 or 3 (the uncut causal mode), got {sparse_mode!r}")
     if isinstance(num_shards, bool) or not isinstance(num_shards, (int, np.integer)) \
             or num_shards < 1:

@@ -1,0 +1,54 @@
+"""Whether a chip profile's NPU kernel covers a call: None when it does, else
+the reason (shown in errors under the "ffi" backend)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from jax_rope.npu.profiles import Profile
+
+
+def rope_forward_gap(p: Profile, options, query, key, cos) -> str | None:
+    roles = options.roles
+    head_dim, rotary_dim = query.shape[-1], cos.shape[-1]
+    if options.layout not in p.rope_fwd_layouts:
+        return f"layout {options.layout} (profile {p.name}: {'/'.join(p.rope_fwd_layouts)})"
+    if jnp.dtype(query.dtype) not in p.rope_dtypes:
+        return f"dtype {jnp.dtype(query.dtype).name} on profile {p.name}"
+    if p.rope_dims is not None and (head_dim not in p.rope_dims or rotary_dim not in p.rope_dims):
+        return f"head dim {head_dim} / rotary dim {rotary_dim} not in {set(p.rope_dims)}"
+    if head_dim > p.rope_max_dim:
+        return f"head dim {head_dim} > {p.rope_max_dim}"
+    if p.rope_max_heads and query.shape[roles.head] + key.shape[roles.head] > p.rope_max_heads:
+        return f"Nq + Nk > {p.rope_max_heads}"
+    if p.rope_cos_batch_full and roles.batch is not None and \
+            cos.shape[roles.batch] != query.shape[roles.batch]:
+        return "cos batch 1 with query batch > 1 (profile needs equal batches)"
+    return None
+
+
+def rope_backward_gap(p: Profile, options, grad_query, cos) -> str | None:
+    if options.layout not in p.rope_bwd_layouts:
+        return f"no fused backward for layout {options.layout} on profile {p.name}"
+    if grad_query.shape[-1] != cos.shape[-1]:
+        return "partial rotary (r < D) in the backward"
+    if grad_query.shape[-1] > p.rope_max_dim:
+        return f"head dim > {p.rope_max_dim}"
+    return None
+
+
+def attention_gap(p: Profile, options, query, key, value, mask) -> str | None:
+    if not p.attention:
+        return f"no FlashAttentionScore on profile {p.name}"
+    roles = options.layout_info.roles
+    heads, dim = query.shape[roles.head], query.shape[-1]
+    if dim > p.attention_max_dim or heads > p.attention_max_heads:
+        return f"D={dim} or N1={heads} beyond {p.attention_max_dim}/{p.attention_max_heads}"
+    if mask:
+        m = mask[0].shape
+        if options.varlen:
+            return "element atten_mask with TND"
+        batch = query.shape[roles.batch]
+        if (m[0], m[1]) not in ((1, 1), (batch, 1), (batch, heads)):
+            return f"atten_mask shape {m}"
+    return None

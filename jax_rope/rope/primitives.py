@@ -1,0 +1,165 @@
+"""RoPE primitives, forward and fused backward, each defined in one place: shape
+inference, batching, the kernel of each platform (the CPU FFI handlers, the
+Ascend NPU operators where the chip profile covers the call), the jnp fallback
+elsewhere, and the factor map that partitions a sharded call.
+
+The public functions (rope/api.py) validate the call; abstract evaluation here
+only infers shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import mlir
+
+from jax_rope import npu
+from jax_rope.core import batching, extension
+from jax_rope.core.partitioning import FactorMap, axis_factors
+from jax_rope.core.primitive import Kernel, define_primitive
+from jax_rope.npu import coverage
+from jax_rope.rope import fallback
+from jax_rope.rope.options import RopeOptions
+
+FWD, BWD, BWD_NO_INPUTS = "jax_rope_rope_fwd", "jax_rope_rope_bwd", "jax_rope_rope_bwd_no_inputs"
+#: Custom-call targets of the CPU kernels.
+FFI_TARGETS = (FWD, BWD, BWD_NO_INPUTS)
+
+
+def _aval(x):
+    return jax.core.ShapedArray(x.shape, x.dtype)
+
+
+def _attributes(options: RopeOptions) -> dict:
+    """The attributes the C++ handlers (CPU and NPU) decode once per call."""
+    return {"layout": np.int32(options.roles.code), "rotary_mode": np.int32(options.mode_code)}
+
+
+# --- abstract evaluation ------------------------------------------------------
+
+def _fwd_abstract_eval(query, key, cos, sin, *, options: RopeOptions):
+    return _aval(query), _aval(key)
+
+
+def _bwd_abstract_eval(grad_query, grad_key, cos, sin, *inputs, options: RopeOptions):
+    outs = [_aval(grad_query), _aval(grad_key)]
+    return outs + [_aval(cos), _aval(sin)] if inputs else outs
+
+
+# --- batching: the vmapped axis folds into the batch (or TND token) axis ----
+
+def _fold_operands(options, args, dims):
+    """Folds the vmapped axis of (big, big, cos, sin, *big) into the fold axis.
+
+    Returns the folded operands, the vmapped size, and whether cos/sin were
+    broadcast from batch 1 to the full batch (then per-example dcos/dsin must
+    be summed back over it).
+    """
+    f = options.roles.fold_axis
+    size = batching.mapped_size(args, dims)
+    big = [(i, batching.moved(x, d, f, size))
+           for i, (x, d) in enumerate(zip(args, dims)) if i not in (2, 3)]
+    fold_size = big[0][1].shape[f + 1]
+    folded = dict((i, batching.merge(x, f)) for i, x in big)
+    cos = args[2]
+    per_example = len(args) > 4 or dims[2] is not None or dims[3] is not None
+    table_fold_size = cos.shape[f] if dims[2] is None else cos.shape[f + (dims[2] <= f)]
+    # Unmapped batch-1 tables broadcast over the folded batch as they are.
+    keep_tables = (not per_example and options.roles.batch is not None
+                   and table_fold_size == 1)
+    broadcast_tables = not keep_tables and table_fold_size != fold_size
+    for i in (2, 3):
+        table = args[i]
+        if not keep_tables:
+            table = batching.moved(table, dims[i], f, size)
+            table = jnp.broadcast_to(
+                table, table.shape[:f + 1] + (fold_size,) + table.shape[f + 2:])
+            table = batching.merge(table, f)
+        folded[i] = table
+    return [folded[i] for i in range(len(args))], size, broadcast_tables
+
+
+def _fwd_batch(args, dims, *, options: RopeOptions):
+    f = options.roles.fold_axis
+    folded, size, _ = _fold_operands(options, args, dims)
+    outs = rope_fwd_p.bind(*folded, options=options)
+    return [batching.split(o, f, size) for o in outs], [f, f]
+
+
+def _bwd_batch(args, dims, *, options: RopeOptions):
+    f = options.roles.fold_axis
+    folded, size, broadcast_tables = _fold_operands(options, args, dims)
+    outs = [batching.split(o, f, size) for o in rope_bwd_p.bind(*folded, options=options)]
+    if len(outs) == 4 and broadcast_tables:
+        outs[2:] = [jnp.sum(o, axis=f + 1, keepdims=True, dtype=jnp.float32).astype(o.dtype)
+                    for o in outs[2:]]
+    return outs, [f] * len(outs)
+
+
+# --- kernels ------------------------------------------------------------------
+
+def _cpu_lowering(target_of):
+    def lower(ctx, *args, options):
+        return jax.ffi.ffi_lowering(target_of(len(args)))(ctx, *args, **_attributes(options))
+    return lower
+
+
+def _npu_lowering(target_of):
+    def lower(ctx, *args, options):
+        shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out)
+
+        def call(*xs):
+            return jax.ffi.ffi_call(target_of(len(xs)), shapes)(*xs, **_attributes(options))
+
+        return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+    return lower
+
+
+def _npu_forward_gap(options, avals_in):
+    query, key, cos, _ = avals_in
+    return coverage.rope_forward_gap(npu.current_profile()[0], options, query, key, cos)
+
+
+def _npu_backward_gap(options, avals_in):
+    grad_query, _, cos = avals_in[:3]
+    return coverage.rope_backward_gap(npu.current_profile()[0], options, grad_query, cos)
+
+
+def _kernels(cpu_target, npu_target, npu_gap):
+    return (Kernel("cpu", _cpu_lowering(cpu_target), unavailable=extension.kernels_unavailable),
+            Kernel(npu.PLATFORM, _npu_lowering(npu_target), npu_gap,
+                   unavailable=extension.kernels_unavailable))
+
+
+# --- partitioning -------------------------------------------------------------
+
+def _factor_map(params, shapes) -> FactorMap:
+    roles = params["options"].roles
+    q, k = axis_factors(roles, roles.rank, "h", "s"), axis_factors(roles, roles.rank, "g", "s")
+    table = [None] * roles.rank
+    table[roles.seq] = "s"
+    if roles.batch is not None and shapes[2][roles.batch] == shapes[0][roles.batch]:
+        table[roles.batch] = "b"
+    table = tuple(table)
+    if len(shapes) == 4:  # forward, or backward without query/key
+        return FactorMap((q, k, table, table), (q, k))
+    # backward with query/key: dcos/dsin are summed over heads (and broadcast batch)
+    return FactorMap((q, k, table, table, q, k), (q, k, table, table), reduced=(2, 3))
+
+
+# --- the primitives -------------------------------------------------------------
+
+rope_fwd_p = define_primitive(
+    FWD, multiple_results=True, abstract_eval=_fwd_abstract_eval, batcher=_fwd_batch,
+    fallback=fallback.rope_forward,
+    kernels=_kernels(lambda n: FWD, lambda n: npu.ROPE_FWD, _npu_forward_gap),
+    factor_map=_factor_map)
+
+rope_bwd_p = define_primitive(
+    BWD, multiple_results=True, abstract_eval=_bwd_abstract_eval, batcher=_bwd_batch,
+    fallback=fallback.rope_backward,
+    kernels=_kernels(lambda n: BWD if n == 6 else BWD_NO_INPUTS,
+                     lambda n: npu.ROPE_BWD if n == 6 else npu.ROPE_BWD_NO_INPUTS,
+                     _npu_backward_gap),
+    factor_map=_factor_map)
