@@ -85,3 +85,45 @@ def test_process_survives_and_still_computes_after_errors():
         call_forward(q, k, c, s, layout=np.int32(0))
     out = call_forward(q, k, c, s)
     assert np.isfinite(np.asarray(out[0])).all()
+
+
+def call_attention_forward(q, k, v, table, layout=BSND, mask=None):
+    """A raw call of the attention forward handler (statistics (B, N1, Sq) or (Tq, N1))."""
+    stats = (q.shape[0], q.shape[2], q.shape[1]) if layout == BSND else (q.shape[0], q.shape[1])
+    outs = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
+            jax.ShapeDtypeStruct(stats, jnp.float32), jax.ShapeDtypeStruct(stats, jnp.float32))
+    mask = jnp.zeros((1, 1, 1, 1), jnp.uint8) if mask is None else mask
+    fn = jax.ffi.ffi_call("jax_rope_attention_fwd", outs)
+    return jax.block_until_ready(fn(q, k, v, table, mask, layout=layout,
+                                    scale=np.float32(0.5), has_mask=np.int32(mask.size > 1)))
+
+
+OPEN_BAND = [-(1 << 30), 1 << 30, -(1 << 30)]
+
+
+@pytest.mark.parametrize("case, message", [
+    # a padded row that does not cover the sequence would leave rows unwritten
+    (dict(table=[[0, 2, 0, 4] + OPEN_BAND]), "must cover the padded sequence"),
+    (dict(table=[[0, 4, 0, 3] + OPEN_BAND]), "must cover the padded sequence"),
+    # D = 0: nothing to compute, outputs would be left uninitialised
+    (dict(d=0), "D > 0"),
+    (dict(table=[[0, 4, 0, 5] + OPEN_BAND]), "outside the tensors"),
+])
+def test_attention_handler_refuses_tables_and_shapes_it_cannot_fill(case, message):
+    d = case.get("d", 8)
+    q = jnp.ones((1, 4, 2, d), jnp.float32)
+    table = jnp.asarray(case.get("table", [[0, 4, 0, 4] + OPEN_BAND]), jnp.int32)
+    with pytest.raises(Exception, match=message):
+        call_attention_forward(q, q, q, table)
+
+
+def test_attention_handler_zero_fills_tnd_padding():
+    """TND tokens beyond the last cumulative length belong to no sequence: zeros and the
+    dead-row statistics, never uninitialised memory."""
+    q = jnp.full((6, 1, 8), 3.0, jnp.float32)
+    table = jnp.asarray([[0, 4, 0, 4] + OPEN_BAND], jnp.int32)
+    out, smax, ssum = call_attention_forward(q, q, q, table, layout=TND)
+    np.testing.assert_array_equal(np.asarray(out)[4:], 0.0)
+    np.testing.assert_array_equal(np.asarray(smax)[4:], np.float32(-3.4028235e38))
+    np.testing.assert_array_equal(np.asarray(ssum)[4:], np.float32(3.4028235e38))
+    np.testing.assert_allclose(np.asarray(out)[:4], 3.0)

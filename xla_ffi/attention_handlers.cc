@@ -64,6 +64,7 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
   }
   if (g.kv_heads <= 0 || g.q_heads % g.kv_heads != 0) return Fail("N1 must be a multiple of N2");
   if (k.back() != g.head_dim || g.value_dim > g.head_dim) return Fail("need D(key) == D(query) and Dv <= D");
+  if (g.head_dim <= 0 || g.value_dim <= 0) return Fail("query/key/value must have D > 0 and Dv > 0");
   g.q = StridesOf(q, roles);
   g.k = StridesOf(k, roles);
   g.v = StridesOf(value_dims, roles);
@@ -88,6 +89,12 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
         (!out->packed && (s.q_start != 0 || s.kv_start != 0))) {
       return Fail("sequence " + std::to_string(b) + " lies outside the tensors (actual_seq_qlen/"
                   "actual_seq_kvlen must be non-decreasing and end within Tq/Tkv)");
+    }
+    // A padded layout's row covers the whole sequence: the kernels write only
+    // the rows a table row covers.
+    if (!out->packed && (s.q_len != out->q_rows || s.kv_len != out->kv_rows)) {
+      return Fail("sequence table row " + std::to_string(b) + " must cover the padded sequence "
+                  "(q_len == Sq, kv_len == Skv)");
     }
     max_q = std::max<int64_t>(max_q, s.q_len);
     max_kv = std::max<int64_t>(max_kv, s.kv_len);

@@ -81,6 +81,15 @@ struct Band {
   }
 };
 
+// Whether row `row` sees column `col` of sequence b for query head n: inside
+// the band and not masked by the element mask.
+inline bool Visible(const Band& band, const ElementMask& mask, int64_t b, int64_t n, int64_t row,
+                    int64_t col) {
+  if (col < band.Lo(row) || col > band.Hi(row)) return false;
+  return mask.data == nullptr ||
+         mask.data[b * mask.batch + n * mask.head + row * mask.row + col * mask.col] == 0;
+}
+
 // Items are (sequence, head, block) with blocks of `block` query (or key) rows;
 // within one (sequence, head) the blocks go 0, last, 1, last - 1, ... so that
 // any run of consecutive items mixes cheap and expensive blocks of a causal
@@ -123,13 +132,15 @@ class Workspace {
       : dp(RoundUpToTile(g.head_dim)), dvp(RoundUpToTile(g.value_dim)) {
     const int64_t sizes[] = {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
                              block * block,      block * block,       block * dp, block * dvp,
-                             block,              block,               block};
-    float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta};
+                             block,              block,               block,
+                             block * std::max(dp, dvp)};
+    float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
+                       &finite};
     int64_t total = 0;
     for (int64_t size : sizes) total += RoundUpToTile(size);
     data_ = new (std::align_val_t{64}) float[total]();
     float* p = data_;
-    for (int i = 0; i < 11; ++i) {
+    for (int i = 0; i < 12; ++i) {
       *slots[i] = p;
       p += RoundUpToTile(sizes[i]);
     }
@@ -144,6 +155,7 @@ class Workspace {
   float *s, *dprob;       // score tiles
   float *acc1, *acc2;     // float32 accumulators of the outputs
   float *max, *sum, *delta;
+  float* finite;          // a block with its non-finite entries zeroed (MaskedGemm)
 
  private:
   float* data_;

@@ -24,6 +24,7 @@ using attention::Offset;
 using attention::Operand;
 using attention::StoreRows;
 using attention::View;
+using attention::Visible;
 using attention::WorkItems;
 using attention::Workspace;
 
@@ -58,6 +59,44 @@ void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n
     const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
     for (int64_t j = lo; j < hi; ++j) {
       if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
+    }
+  }
+}
+
+// C += A * B (TileOps::gemm's operands, m x k times k x n) where A holds
+// probabilities or their gradients, 0 at masked positions, and B is a block of
+// data: a masked position must contribute nothing even where B holds NaN or
+// Inf (0 * NaN is NaN). When every position is visible, or B is finite, the
+// GEMM is exact as it is; otherwise B's non-finite entries are zeroed for the
+// GEMM and added back for the visible positions only. visible(i, p): A(i, p)
+// is a visible position.
+template <typename VisibleFn>
+void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, const float* a,
+                int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
+                bool all_visible, const VisibleFn& visible, float* scratch) {
+  bool finite = true;
+  for (int64_t p = 0; p < k && finite && !all_visible; ++p) {
+    for (int64_t d = 0; d < n; ++d) finite &= std::isfinite(b[p * ldb + d]);
+  }
+  if (finite) {
+    ops.gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    return;
+  }
+  const int64_t np = RoundUpToTile(n);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t d = 0; d < np; ++d) {
+      const float x = d < n ? b[p * ldb + d] : 0.0f;
+      scratch[p * np + d] = std::isfinite(x) ? x : 0.0f;
+    }
+  }
+  ops.gemm(m, n, k, a, a_row, a_col, scratch, np, c, ldc, true);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t d = 0; d < n; ++d) {
+      const float x = b[p * ldb + d];
+      if (std::isfinite(x)) continue;
+      for (int64_t i = 0; i < m; ++i) {
+        if (visible(i, p)) c[i * ldc + d] += a[i * a_row + p * a_col] * x;
+      }
     }
   }
 }
@@ -107,7 +146,10 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     ops.softmax_step(ws.s, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
-    ops.gemm(nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, true);
+    const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+    MaskedGemm(ops, nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, full,
+               [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
+               ws.finite);
   }
   for (int64_t i = 0; i < nr; ++i) {
     const int64_t row = band.q_start + r0 + i;
@@ -150,8 +192,14 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
       ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, g.scale, ws.max, ws.sum, ws.delta,
                        false);
-      ops.gemm(nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, true);
-      ops.gemm(nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, true);
+      const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+      const auto visible = [&](int64_t j, int64_t i) {
+        return Visible(band, g.mask, b, n, r0 + i, c0 + j);
+      };
+      MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
+                 visible, ws.finite);
+      MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
+                 ws.finite);
     }
   }
   StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
@@ -184,7 +232,10 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, ws.delta, true);
-    ops.gemm(nr, d, nc, ws.dprob, 1, kBlockQ, k.data, k.ld, dq, ws.dp, true);
+    const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+    MaskedGemm(ops, nr, d, nc, ws.dprob, 1, kBlockQ, k.data, k.ld, dq, ws.dp, full,
+               [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
+               ws.finite);
   }
   StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }

@@ -244,7 +244,9 @@ JAX_ROPE_INLINE void SoftmaxGrad(float* s, float* dp, int64_t ld, int64_t rows, 
       Exp<Isa>(p);
       p = x == kNegInf ? V{} : p * il;
       Store(srow + j, p);
-      Store(dprow + j, p * (g - d));
+      // A masked position's gradient is exactly 0, even where dp is NaN or Inf
+      // (from a value row only masked positions reach): 0 * NaN would leak.
+      Store(dprow + j, x == kNegInf ? V{} : p * (g - d));
     }
   }
 }

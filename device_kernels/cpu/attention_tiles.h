@@ -36,7 +36,8 @@ struct TileOps {
 
   // Backward on a tile (rows x cols, cols a multiple of kTileAlign) of raw dot
   // products s (-inf where masked) and dp = dO . v: p = exp(scale * s - max) *
-  // inv_sum goes to s and p * (dp - delta) to dp. The statistics are indexed
+  // inv_sum goes to s and p * (dp - delta) to dp (exactly 0 where masked, even
+  // when dp is not finite there). The statistics are indexed
   // by row, or by column when the tile is transposed (keys along rows).
   void (*softmax_grad)(float* s, float* dp, int64_t ld, int64_t rows, int64_t cols, float scale,
                        const float* max, const float* inv_sum, const float* delta,
