@@ -7,7 +7,7 @@ import jaxlib
 
 from jax_rope import npu
 from jax_rope._version import __version__
-from jax_rope.core import _jax_shim, extension, implementation
+from jax_rope.core import _jax_shim, extension, implementation, runtime_checks
 from jax_rope.core.primitive import DEFINITIONS
 
 
@@ -31,6 +31,15 @@ def _platform_backends(status, kernel_platforms) -> dict[str, str]:
     return table
 
 
+def _runtime_checks() -> str:
+    if not runtime_checks.enabled():
+        return "off: traced lengths, prefixes and positions are not checked when the call runs"
+    return (f"on: traced lengths, prefixes and positions are checked on the host when the call "
+            f"runs on {', '.join(runtime_checks.CALLBACK_PLATFORMS)} (host callbacks); on "
+            f"{npu.PLATFORM} the NPU handlers check the sequence table, but its jnp fallback "
+            "cannot check traced values (no host callbacks there)")
+
+
 def describe(as_dict: bool = False):
     """Reports the version, whether the compiled extension loaded (and if not,
     why), the backend choice, which implementation each platform lowers to,
@@ -47,6 +56,7 @@ def describe(as_dict: bool = False):
         "backend": implementation.current_backend()
         + ("" if _jax_shim.IN_JIT_KEY else " (not part of the jit cache key in this JAX)"),
         "lowering per platform": _platform_backends(status, kernel_platforms),
+        "run-time checks": _runtime_checks(),
         "platforms with kernels": ", ".join(kernel_platforms) if status.loaded else "none",
         **npu.describe(),
         "default JAX platform": jax.default_backend(),

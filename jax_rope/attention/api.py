@@ -53,7 +53,10 @@ def flash_attention_score(query, key, value, *, input_layout="BSND", head_num=No
       Differentiable with respect to query, key and value (through attention_out).
 
     Raises:
-      ValueError/TypeError at trace time for input that breaks attention.md's rules.
+      ValueError/TypeError at trace time for input that breaks attention.md's rules; for
+      traced actual_seq_qlen/actual_seq_kvlen/prefix, the same ValueError (inside the
+      runtime error) when the computation runs, unless `jax_rope.runtime_checks(False)`.
+      Masked positions never influence the result, NaN or Inf included.
     """
     call = ops.prepare(
         query, key, value, input_layout=input_layout, head_num=head_num, scale=scale,

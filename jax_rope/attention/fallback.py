@@ -8,6 +8,7 @@ optional uint8 element mask (Bm, Nm, rows, cols).
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from jax_rope.attention import masks
@@ -44,13 +45,42 @@ def _visibility(options, table, q_len, kv_len, mask):
     return masks.padded_visibility(table, q_len, kv_len, mask)
 
 
-def _dense_scores(options, query, key, table, mask):
-    """Scaled float32 scores (B, N1, Sq, Skv) and visibility broadcastable to them."""
+def _dot_products(options, query, key, table, mask):
+    """Unscaled float32 q.k (B, N1, Sq, Skv) and visibility broadcastable to them."""
     q = _to_bnsd(query, options).astype(jnp.float32)
     k = _to_bnsd(key, options).astype(jnp.float32)
     k = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1)
-    scores = options.scale * jnp.einsum("bnqd,bnkd->bnqk", q, k)
-    return scores, _visibility(options, table, q.shape[2], k.shape[2], mask)
+    dots = jnp.einsum("bnqd,bnkd->bnqk", q, k)
+    return dots, _visibility(options, table, q.shape[2], k.shape[2], mask)
+
+
+def _dense_scores(options, query, key, table, mask):
+    """Scaled float32 scores (B, N1, Sq, Skv) and visibility broadcastable to them."""
+    dots, visible = _dot_products(options, query, key, table, mask)
+    return options.scale * dots, visible
+
+
+def _finite_and_cleaned(x):
+    """(finite mask, x with non-finite entries 0), from the bit pattern: an exponent of all
+    ones is Inf or NaN. (Integer ops: with `isfinite`/select feeding the product, XLA's CPU
+    backend was seen to miscompile gradient programs.)"""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    finite = (bits & jnp.uint32(0x7F800000)) != jnp.uint32(0x7F800000)
+    keep = jnp.where(finite, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    return finite, jax.lax.bitcast_convert_type(bits & keep, jnp.float32)
+
+
+def _masked_product(equation, a, x, visible):
+    """einsum(equation, a, x) where a is 0 at masked positions and they contribute nothing,
+    exactly, even where x is NaN or Inf there (0 * NaN is NaN). An output element that a
+    non-finite x reaches through a visible position is NaN (the data propagates)."""
+    finite, cleaned = _finite_and_cleaned(x)
+    clean = jnp.einsum(equation, a, cleaned)
+    mask = jnp.broadcast_to(visible, a.shape).astype(jnp.float32)
+    # No control flow here: XLA's CPU backend was seen to miscompile products inside a
+    # conditional in gradient programs; one more product counts the non-finite entries seen.
+    seen = jnp.einsum(equation, mask, (~finite).astype(jnp.float32))
+    return jnp.where(seen > 0, jnp.nan, clean)
 
 
 def attention_scores(query, key, table, *mask, options: AttentionOptions):
@@ -62,21 +92,28 @@ def attention_scores(query, key, table, *mask, options: AttentionOptions):
 def _probabilities(scores, visible, softmax_max, softmax_sum):
     live = softmax_max > MASK_VALUE
     safe_max = jnp.where(live, softmax_max, 0.0)[..., None]
-    p = jnp.where(visible, jnp.exp(scores - safe_max), 0.0)
-    return jnp.where(live[..., None], p / softmax_sum[..., None], 0.0)
+    p = jnp.exp(scores - safe_max) / softmax_sum[..., None]
+    return jnp.where(visible & live[..., None], p, 0.0)  # masked: exactly 0, even if sum is NaN
 
 
 def attention_forward(query, key, value, table, *mask, options: AttentionOptions):
     """(out, softmax_max, softmax_sum) with the spec's dead-row convention."""
-    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
-    visible = jnp.broadcast_to(visible, scores.shape)
+    dots, visible = _dot_products(options, query, key, table, mask[0] if mask else None)
+    visible = jnp.broadcast_to(visible, dots.shape)
     live = visible.any(axis=-1)
-    row_max = jnp.where(live, jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1), MASK_VALUE)
-    p = jnp.where(visible, jnp.exp(scores - jnp.where(live, row_max, 0.0)[..., None]), 0.0)
+    # exp(scale * s - max) as exp(|scale| * (t - max t)), t = sign(scale) * s: the
+    # difference is taken before scaling, so large logits keep the statistics' precision
+    # (XLA would contract `scale * s - max` into a fused multiply-add). max(scale * s) is
+    # |scale| * max t, rounded once, as the rounded scores' max.
+    t = dots if options.scale >= 0 else -dots
+    t_max = jnp.max(jnp.where(visible, t, -jnp.inf), axis=-1, initial=-jnp.inf)  # Skv may be 0
+    safe_max = jnp.where(live, t_max, 0.0)[..., None]
+    p = jnp.where(visible, jnp.exp(abs(options.scale) * (t - safe_max)), 0.0)
+    row_max = jnp.where(live, abs(options.scale) * t_max, MASK_VALUE)
     row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
     v = _to_bnsd(value, options).astype(jnp.float32)
-    v = jnp.repeat(v, scores.shape[1] // v.shape[1], axis=1)
-    out = jnp.einsum("bnqk,bnkd->bnqd", p, v) / row_sum[..., None]
+    v = jnp.repeat(v, dots.shape[1] // v.shape[1], axis=1)
+    out = _masked_product("bnqk,bnkd->bnqd", p, v, visible) / row_sum[..., None]
     out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
     return (_from_bnsd(out, options), _stats_layout(row_max, options),
             _stats_layout(row_sum, options))
@@ -96,13 +133,14 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
     group = q.shape[1] // k.shape[1]
     row_delta = jnp.sum(do * o, axis=-1, keepdims=True)
     dp = jnp.einsum("bnqd,bnkd->bnqk", do, jnp.repeat(v, group, axis=1))
-    ds = p * (dp - row_delta)
-    dq = options.scale * jnp.einsum("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1))
+    ds = jnp.where(visible, p * (dp - row_delta), 0.0)  # exactly 0 where masked, even if dp isn't
+    dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1),
+                                         visible)
 
     def per_kv_head(x):  # (B, N1, ...) -> (B, N2, ...): sum over each group
         return x.reshape((x.shape[0], k.shape[1], group) + x.shape[2:]).sum(axis=2)
 
-    dk = options.scale * per_kv_head(jnp.einsum("bnqk,bnqd->bnkd", ds, q))
-    dv = per_kv_head(jnp.einsum("bnqk,bnqd->bnkd", p, do))
+    dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
+    dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", p, do, visible))
     return tuple(_from_bnsd(g.astype(x.dtype), options)
                  for g, x in ((dq, query), (dk, key), (dv, value)))

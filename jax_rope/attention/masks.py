@@ -20,6 +20,8 @@ from jax_rope.attention import options as attention_options
 from jax_rope.attention import sparse_modes
 from jax_rope.attention.options import MAX_TOKENS, AttentionOptions
 from jax_rope.attention.sparse_modes import UNLIMITED
+from jax_rope.attention.value_checks import concrete
+from jax_rope.core.validation import check_int
 
 #: The table's columns, in order.
 Q_START, Q_LEN, KV_START, KV_LEN, LO, HI, FLOOR = range(7)
@@ -102,6 +104,22 @@ def _token_owner(starts, lengths, tokens: int):
     return owner, position
 
 
+def _packed_total(name, given, lengths_name, lengths):
+    """The packed token count: `given`, or the last cumulative length."""
+    if lengths is None:
+        raise ValueError(f"{lengths_name} is required for a packed (TND) mask when the other "
+                         f"cumulative lengths are given, got None")
+    if np.ndim(lengths) != 1 or np.shape(lengths)[0] == 0:
+        raise ValueError(f"{lengths_name} must be a non-empty 1-D sequence of cumulative "
+                         f"lengths, got shape {np.shape(lengths)}")
+    if given is not None:
+        return given
+    values = concrete(lengths)
+    if values is None:
+        raise ValueError(f"{name} is required when {lengths_name} is traced, got None")
+    return int(values[-1])
+
+
 def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS,
                 prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, atten_mask=None):
     """The dense boolean mask of a sparse_mode (True = masked out), for inspection.
@@ -113,8 +131,12 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_token
     """
     varlen = actual_seq_qlen is not None or actual_seq_kvlen is not None
     if varlen:
-        q_len = int(np.asarray(actual_seq_qlen)[-1]) if q_len is None else q_len
-        kv_len = int(np.asarray(actual_seq_kvlen)[-1]) if kv_len is None else kv_len
+        q_len = _packed_total("q_len", q_len, "actual_seq_qlen", actual_seq_qlen)
+        kv_len = _packed_total("kv_len", kv_len, "actual_seq_kvlen", actual_seq_kvlen)
+    for name, n in (("q_len", q_len), ("kv_len", kv_len)):
+        if check_int(name, n) < (0 if varlen else 1):
+            raise ValueError(f"{name} must be a {'non-negative' if varlen else 'positive'} int, "
+                             f"got {n}")
     batch = 1
     for x in (prefix, atten_mask):
         if not varlen and x is not None and np.ndim(x) in (1, 4):
@@ -124,7 +146,7 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_token
     heads = np.shape(atten_mask)[1] if atten_mask is not None and np.ndim(atten_mask) == 4 else 1
     query = jnp.zeros(shape_q[:-2] + (heads, 1), jnp.float32)
     key = jnp.zeros(shape_kv, jnp.float32)
-    options, sizes, _, mask, prefix = attention_options.attention_call(
+    options, sizes, _, mask, prefix, _ = attention_options.attention_call(
         query, key, key, input_layout="TND" if varlen else "BSND", head_num=None, scale=None,
         sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
         atten_mask=atten_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,

@@ -3,8 +3,8 @@
 `attention_call(...)` checks a public call at trace time and returns the static
 options (a hashable primitive parameter) plus the canonical operands: query,
 key and value with a head axis (BSH/SBH split), and the lengths/prefix/mask as
-given. Length and prefix values are checked when they are concrete; traced
-ones are checked by the kernel at run time.
+given. Rules on the values of lengths and prefix live in value_checks.py: they
+run here on concrete values and, for traced ones, when the computation runs.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 
 from jax_rope.attention import sparse_modes
+from jax_rope.attention.value_checks import (INT32_MAX, INT32_MIN, ValueChecks, check_int32_range,
+                                              concrete)
 from jax_rope.core.layouts import ATTENTION_LAYOUTS, AttentionLayout
 from jax_rope.core.validation import check_dtypes, check_int
 
@@ -59,14 +59,15 @@ class AttentionSizes:
     value_dim: int
 
 
-def _concrete(x):
-    """NumPy int64 values of x, or None when x is traced."""
-    if x is None:
-        return None
-    try:
-        return np.asarray(jax.extend.core.concrete_or_error(None, x), dtype=np.int64).reshape(-1)
-    except (jax.errors.ConcretizationTypeError, TypeError):
-        return None
+def _check_integers(name, x) -> None:
+    """An integer array (or sequence) whose concrete values fit in int32."""
+    dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+    if dtype == np.bool_ or not np.issubdtype(dtype, np.integer):
+        raise TypeError(f"{name} must have an integer dtype, got {dtype.name} "
+                        f"(values are not converted)")
+    values = concrete(x)
+    if values is not None:
+        check_int32_range(name, values)
 
 
 def split_heads(x, info: AttentionLayout, heads: int):
@@ -110,13 +111,16 @@ def _head_counts(info, query, key, value, head_num):
     return n1, n2
 
 
-def _check_shapes(info, query, key, value, n1, n2) -> AttentionSizes:
+def _check_ranks(info, query, key, value) -> None:
     for name, x in (("query", query), ("key", key), ("value", value)):
         if len(x.shape) != info.rank:
             raise ValueError(f"{name} must have rank {info.rank} for input_layout {info.name}, "
                              f"got shape {tuple(x.shape)}")
         if info.name != "TND" and 0 in x.shape:
             raise ValueError(f"{name} must not have an axis of size 0, got shape {tuple(x.shape)}")
+
+
+def _check_shapes(info, query, key, value, n1, n2) -> AttentionSizes:
     q, k, v = (split_heads(x, info, n) for x, n in ((query, n1), (key, n2), (value, n2)))
     roles = info.roles
     if 0 in (n1, n2, q.shape[-1], v.shape[-1]):
@@ -142,84 +146,27 @@ def _check_shapes(info, query, key, value, n1, n2) -> AttentionSizes:
                           q.shape[-1], v.shape[-1])
 
 
-def _check_lengths(sizes, actual_seq_qlen, actual_seq_kvlen, varlen):
-    """Sizes with the sequence count, and (Sq, Skv) per sequence: one pair for the
-    padded layouts, one per sequence for TND, None when the lengths are traced."""
+def _check_length_arrays(sizes, actual_seq_qlen, actual_seq_kvlen, varlen) -> AttentionSizes:
+    """Presence, shapes and dtypes of the TND lengths; sizes with the sequence count."""
     if not varlen:
         if actual_seq_qlen is not None or actual_seq_kvlen is not None:
             raise ValueError("actual_seq_qlen/actual_seq_kvlen are for input_layout TND only, "
                              "got lengths with a padded layout")
-        return sizes, [(sizes.q_len, sizes.kv_len)]
+        return sizes
     for name, x in (("actual_seq_qlen", actual_seq_qlen), ("actual_seq_kvlen", actual_seq_kvlen)):
         if x is None:
             raise ValueError(f"{name} is required for input_layout TND, got None")
         if len(np.shape(x)) != 1 or np.shape(x)[0] == 0:
             raise ValueError(f"{name} must be a non-empty 1-D sequence of cumulative lengths, "
                              f"got shape {np.shape(x)}")
+        _check_integers(name, x)
     if np.shape(actual_seq_qlen) != np.shape(actual_seq_kvlen):
         raise ValueError("actual_seq_kvlen must have the length of actual_seq_qlen "
                          f"{np.shape(actual_seq_qlen)[0]}, got {np.shape(actual_seq_kvlen)[0]}")
-    lengths = []
-    for name, x, total in (("actual_seq_qlen", actual_seq_qlen, sizes.q_len),
-                           ("actual_seq_kvlen", actual_seq_kvlen, sizes.kv_len)):
-        values = _concrete(x)
-        if values is not None:
-            if values.min() < 0 or np.any(np.diff(values) < 0) or values[-1] > total:
-                raise ValueError(f"{name} must be non-decreasing cumulative ends in [0, {total}], "
-                                 f"got {values.tolist()}")
-            values = np.diff(values, prepend=0)
-        lengths.append(values)
-    sizes = dataclasses.replace(sizes, batch=np.shape(actual_seq_qlen)[0])
-    if lengths[0] is None or lengths[1] is None:
-        return sizes, None
-    return sizes, [(int(a), int(b)) for a, b in zip(*lengths)]
+    return dataclasses.replace(sizes, batch=np.shape(actual_seq_qlen)[0])
 
 
-def _check_band(pre, nxt, q_len, kv_len, where):
-    if pre < 0 and nxt < 0:
-        raise ValueError(f"pre_tokens and next_tokens must not both be negative{where}, "
-                         f"got {pre} and {nxt}")
-    if pre < 0 and not (nxt >= -pre and -pre < kv_len):
-        raise ValueError(f"pre_tokens {pre} < 0 needs next_tokens >= {-pre} and "
-                         f"-pre_tokens < Skv={kv_len}{where}, got next_tokens {nxt}")
-    if nxt < 0 and not (-nxt <= pre and -nxt < q_len):
-        raise ValueError(f"next_tokens {nxt} < 0 needs pre_tokens >= {-nxt} and "
-                         f"-next_tokens < Sq={q_len}{where}, got pre_tokens {pre}")
-
-
-def _check_tokens(mode, pre, nxt, pairs, has_user_mask):
-    """The band rules after conversion to top-left, and the mode 7/8 rules."""
-    token_rule = sparse_modes.rule(mode).token_rule
-    is_band = token_rule == "band" or (token_rule == "band_with_mask" and has_user_mask)
-    if pairs is None:  # traced varlen lengths: only what needs no length
-        if is_band and pre < 0 and nxt < 0:
-            _check_band(pre, nxt, 1, 1, "")
-        return
-    if is_band:
-        for idx, (sq, skv) in enumerate(pairs):
-            if sq == 0 or skv == 0:
-                continue
-            delta = skv - sq if token_rule == "band" else 0  # band: bottom-right aligned
-            where = f" (sequence {idx})" if len(pairs) > 1 else ""
-            _check_band(pre - delta, nxt + delta, sq, skv, where)
-    if token_rule in ("edge_last", "edge_first"):
-        nonempty = [p for p in pairs if p[0] > 0]
-        if not nonempty:
-            return
-        last = token_rule == "edge_last"
-        sq, skv = nonempty[-1] if last else nonempty[0]
-        which = "last" if last else "first"
-        if pre < skv:
-            raise ValueError(f"pre_tokens must be >= the {which} sequence's Skv={skv} "
-                             f"in sparse_mode {mode}, got {pre}")
-        low, high = sq - skv, (0 if last else None)
-        if nxt < low or (high is not None and nxt > high):
-            bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-            raise ValueError(f"next_tokens must be {bound} (from the {which} sequence, "
-                             f"Sq={sq}, Skv={skv}) in sparse_mode {mode}, got {nxt}")
-
-
-def _check_prefix(prefix, mode, sizes, pairs):
+def _check_prefix_array(prefix, mode, sizes):
     if not sparse_modes.rule(mode).needs_prefix:
         return None
     if prefix is None:
@@ -227,19 +174,13 @@ def _check_prefix(prefix, mode, sizes, pairs):
     if len(np.shape(prefix)) != 1 or np.shape(prefix)[0] != sizes.batch:
         raise ValueError(f"prefix must be a sequence of length B={sizes.batch}, "
                          f"got shape {np.shape(prefix)}")
-    values = _concrete(prefix)
-    if values is not None:
-        if len(pairs) == 1:
-            pairs = pairs * sizes.batch
-        for b, (value, (sq, skv)) in enumerate(zip(values, pairs)):
-            if not max(skv - sq, 0) <= value <= skv:
-                raise ValueError(f"prefix[{b}] must be in [{max(skv - sq, 0)}, {skv}], "
-                                 f"got {int(value)}")
+    _check_integers("prefix", prefix)
     return prefix
 
 
-def _check_mask(atten_mask, mode, sizes, varlen, pairs):
-    """Returns the element mask to apply (uint8, 4-D) or None."""
+def _check_mask(atten_mask, mode, sizes, varlen):
+    """Returns the element mask to apply (uint8, 4-D) or None. (For TND, whether it
+    covers every sequence depends on the lengths: value_checks.py.)"""
     rule = sparse_modes.rule(mode)
     if atten_mask is None:
         if rule.mask_required:
@@ -257,8 +198,6 @@ def _check_mask(atten_mask, mode, sizes, varlen, pairs):
         return None  # the geometry comes from the mode alone
     if varlen:
         ok = len(shape) == 2
-        if ok and pairs is not None:
-            ok = shape[0] >= max(p[0] for p in pairs) and shape[1] >= max(p[1] for p in pairs)
         expected = "(maxSq, maxSkv)"
     else:
         sq, skv, b, n1 = sizes.q_len, sizes.kv_len, sizes.batch, sizes.q_heads
@@ -273,7 +212,10 @@ def _check_mask(atten_mask, mode, sizes, varlen, pairs):
 def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_mode,
                    pre_tokens, next_tokens, atten_mask, prefix, actual_seq_qlen,
                    actual_seq_kvlen, backend, needs_value=True):
-    """Validates a public call; returns (options, sizes, (q, k, v) with heads, mask, prefix)."""
+    """Validates a public call at trace time: returns (options, sizes, (q, k, v) with heads,
+    mask, prefix, value_checks). The rules that depend on values of actual_seq_qlen/kvlen or
+    prefix are checked here when those are concrete; `value_checks` checks traced ones when
+    the computation runs (ops.prepare, core/runtime_checks.py)."""
     if not isinstance(input_layout, str) or input_layout not in ATTENTION_LAYOUTS:
         raise ValueError(f"input_layout must be one of {sorted(ATTENTION_LAYOUTS)}, "
                          f"got {input_layout!r}")
@@ -288,22 +230,35 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
         raise ValueError(f"sparse_mode {mode} is not supported with input_layout TND")
     pre = check_int("pre_tokens", pre_tokens)
     nxt = check_int("next_tokens", next_tokens)
+    for name, x in (("pre_tokens", pre), ("next_tokens", nxt)):
+        if not INT32_MIN <= x <= INT32_MAX:
+            raise ValueError(f"{name} must fit in int32, got {x}")
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")
     named = [("query", query), ("key", key)] + ([("value", value)] if needs_value else [])
     check_dtypes(named)
+    _check_ranks(info, query, key, value)
     n1, n2 = _head_counts(info, query, key, value, head_num)
     sizes = _check_shapes(info, query, key, value, n1, n2)
+    for name, length in (("query", sizes.q_len), ("key", sizes.kv_len)):
+        if length > sparse_modes.UNLIMITED:
+            raise ValueError(f"{name} sequence length must be <= {sparse_modes.UNLIMITED} (the "
+                             f"band table's limit, 2**30), got {length}")
     varlen = info.name == "TND"
-    sizes, pairs = _check_lengths(sizes, actual_seq_qlen, actual_seq_kvlen, varlen)
-    mask = _check_mask(atten_mask, mode, sizes, varlen, pairs)
-    _check_tokens(mode, pre, nxt, pairs, mask is not None)
-    prefix = _check_prefix(prefix, mode, sizes, pairs)
+    sizes = _check_length_arrays(sizes, actual_seq_qlen, actual_seq_kvlen, varlen)
+    mask = _check_mask(atten_mask, mode, sizes, varlen)
+    prefix = _check_prefix_array(prefix, mode, sizes)
+    checks = ValueChecks(mode, pre, nxt, varlen, sizes.batch, sizes.q_len, sizes.kv_len,
+                         tuple(atten_mask.shape) if varlen and mask is not None else None,
+                         mask is not None)
+    checks(actual_seq_qlen, actual_seq_kvlen, prefix)  # what is concrete now
     if scale is None:
         scale = 1.0 / math.sqrt(sizes.head_dim)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
         raise TypeError(f"scale must be a float or None, got {scale!r}")
+    elif not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale!r}")
     options = AttentionOptions(info.name, float(scale), mode, pre, nxt, mask is not None, backend)
     heads = tuple(split_heads(x, info, n) for x, n in ((query, n1), (key, n2), (value, n2)))
-    return options, sizes, heads, mask, prefix
+    return options, sizes, heads, mask, prefix, checks

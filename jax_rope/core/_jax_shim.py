@@ -1,10 +1,11 @@
-"""The one place that touches private JAX: a config state for the backend,
+"""The one place that touches private JAX: config states for the settings,
 platform registration for the NPU, and devices while lowering for partitioning.
 
-The backend choice must be part of JAX's jit cache key, or a function traced
-under one backend would silently keep it after `set_backend`. JAX has no public
-way to define such a state, so it is defined here, with a plain fallback for
-JAX versions where the private helper moved.
+The backend choice (and whether run-time checks are on) must be part of JAX's
+jit cache key, or a function traced under one setting would silently keep it
+after it changes. JAX has no public way to define such a state, so it is
+defined here, with a plain fallback for JAX versions where the private helper
+moved.
 """
 
 from __future__ import annotations
@@ -13,56 +14,75 @@ import contextlib
 import os
 
 BACKENDS = ("auto", "ffi", "fallback")
-_ENV = "JAX_ROPE_BACKEND"
+RUNTIME_CHECKS = ("on", "off")
 
 
-def _validated(name):
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
-    return name
+class KeyedSetting:
+    """A jax_rope setting that is part of JAX's jit cache key, read from the environment
+    variable NAME.upper() (JAX_ROPE_BACKEND, JAX_ROPE_RUNTIME_CHECKS) by default."""
 
+    def __init__(self, name: str, values: tuple, default: str, help: str):
+        self.name, self.values = name, values
+        self._validated(os.environ.get(name.upper(), default))  # a clear message for a bad variable
+        try:
+            from jax._src import config as _config  # private: see module docstring
+            self._state = _config.enum_state(
+                name=name, enum_values=list(values), default=default, help=help,
+                include_in_jit_key=True, include_in_trace_context=True)
+            self.in_jit_key = True
+        except (ImportError, AttributeError, TypeError):  # pragma: no cover - other JAX versions
+            self._state = None
+            self.in_jit_key = False
+            self._stack = [self._validated(os.environ.get(name.upper(), default))]
 
-_validated(os.environ.get(_ENV, "auto"))  # a clear message for a bad variable
+    def _validated(self, value):
+        if value not in self.values:
+            what = self.name.removeprefix("jax_rope_")
+            raise ValueError(f"{what} must be one of {self.values}, got {value!r}")
+        return value
 
-try:
-    from jax._src import config as _config  # private: see module docstring
+    def get(self) -> str:
+        return self._state.value if self._state is not None else self._stack[-1]
 
-    _STATE = _config.enum_state(
-        name="jax_rope_backend",  # the environment variable JAX_ROPE_BACKEND
-        enum_values=list(BACKENDS),
-        default="auto",
-        help="jax_rope implementation: auto, ffi (compiled kernels) or fallback (jax.numpy).",
-        include_in_jit_key=True,
-        include_in_trace_context=True,
-    )
-    IN_JIT_KEY = True
+    def set(self, value: str) -> None:
+        if self._state is not None:
+            self._state._set(self._validated(value))
+        else:  # pragma: no cover
+            self._stack[0] = self._validated(value)
 
-    def get_backend() -> str:
-        return _STATE.value
-
-    def set_global_backend(name: str) -> None:
-        _STATE._set(_validated(name))
-
-    def backend_context(name: str):
-        return _STATE(_validated(name))
-
-except (ImportError, AttributeError, TypeError):  # pragma: no cover - other JAX versions
-    IN_JIT_KEY = False
-    _global = [_validated(os.environ.get(_ENV, "auto"))]
-
-    def get_backend() -> str:
-        return _global[-1]
-
-    def set_global_backend(name: str) -> None:
-        _global[0] = _validated(name)
+    def context(self, value: str):
+        if self._state is not None:
+            return self._state(self._validated(value))
+        return self._fallback_context(self._validated(value))  # pragma: no cover
 
     @contextlib.contextmanager
-    def backend_context(name: str):
-        _global.append(_validated(name))
+    def _fallback_context(self, value):  # pragma: no cover - other JAX versions
+        self._stack.append(value)
         try:
             yield
         finally:
-            _global.pop()
+            self._stack.pop()
+
+
+_BACKEND = KeyedSetting(
+    "jax_rope_backend", BACKENDS, "auto",
+    "jax_rope implementation: auto, ffi (compiled kernels) or fallback (jax.numpy).")
+RUNTIME_CHECKS_SETTING = KeyedSetting(
+    "jax_rope_runtime_checks", RUNTIME_CHECKS, "on",
+    "jax_rope run-time checks of traced lengths/positions through host callbacks: on or off.")
+IN_JIT_KEY = _BACKEND.in_jit_key
+
+
+def get_backend() -> str:
+    return _BACKEND.get()
+
+
+def set_global_backend(name: str) -> None:
+    _BACKEND.set(name)
+
+
+def backend_context(name: str):
+    return _BACKEND.context(name)
 
 
 # --- platforms JAX may not know yet (see jax_rope/core/platforms.py) ---

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from jax_rope.attention import sparse_modes
 from jax_rope.attention.options import MAX_TOKENS
+from jax_rope.attention.value_checks import check_int32_range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +47,23 @@ class SequenceParallelShard:
 _CUTTABLE = [int(m) for m, r in sparse_modes.RULES.items() if r.varlen_cut_mode is not None]
 
 
+def _integers(name, values):
+    """values as int64, refusing traced values and non-integer dtypes (nothing is truncated)
+    and values beyond int32."""
+    if isinstance(values, jax.core.Tracer):
+        raise TypeError(f"{name} must be concrete values (the split is computed on the host), "
+                        "got a traced array")
+    array = np.asarray(values)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        if array.size or array.dtype != np.float64:  # [] reads as float64: empty, not float
+            raise TypeError(f"{name} must be integers, got dtype {array.dtype.name}")
+    array = array.astype(np.int64).reshape(-1)
+    check_int32_range(name, array)
+    return array
+
+
 def _cumulative(name, values):
-    values = np.asarray(values, np.int64).reshape(-1)
+    values = _integers(name, values)
     if values.size == 0 or values.min() < 0 or np.any(np.diff(values) < 0):
         raise ValueError(f"{name} must be non-empty non-decreasing cumulative lengths, "
                          f"got {values.tolist()}")
@@ -127,7 +144,7 @@ def varlen_sequence_parallel_split(actual_seq_qlen, actual_seq_kvlen, num_shards
     total = int(q_ends[-1])
     if cuts is None:
         cuts = [p * total // num_shards for p in range(1, num_shards)]
-    cuts = [int(c) for c in cuts]
+    cuts = [int(c) for c in _integers("cuts", cuts)]
     bounds = [0] + cuts + [total]
     if len(cuts) != num_shards - 1 or any(a > b for a, b in zip(bounds, bounds[1:])) \
             or not 0 <= min(bounds) <= max(bounds) <= total:

@@ -1,7 +1,10 @@
 """Pure jax.numpy RoPE with the semantics of spec/rope.md.
 
 Used on every platform without a kernel and wherever a kernel does not cover a
-case. Arithmetic in float32, one rounding to the input dtype at the end.
+case. Arithmetic in float32, one rounding to the input dtype at the end. XLA may
+contract a product and the sum into a fused multiply-add, so float32 results
+can differ from the spec's golden (and the CPU kernel) by 1 ulp; 16-bit results
+are bit-identical (the final rounding absorbs it).
 """
 
 from __future__ import annotations

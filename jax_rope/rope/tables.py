@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_rope.core import runtime_checks
 from jax_rope.core.validation import FLOAT_DTYPES
 from jax_rope.rope.options import ROTARY_MODES
 
@@ -40,7 +41,7 @@ def _check_positions(positions):
     dtype = positions.dtype
     if dtype == np.bool_ or not jnp.issubdtype(dtype, jnp.integer):
         raise TypeError(f"rope_cos_sin: positions must be an integer array, got dtype {dtype}")
-    return positions
+    return runtime_checks.fits_int32("rope_cos_sin: positions", positions)
 
 
 def _check_rotary_dim(rotary_dim, rotary_mode):
@@ -150,21 +151,24 @@ def _yarn(base, d, scaling, max_position_embeddings):
         factor = _max_pos(max_position_embeddings, "yarn") / original
     else:
         factor = _number(scaling, "factor", "yarn")
-    mscale = scaling.get("mscale")
-    mscale_all_dim = scaling.get("mscale_all_dim")
+    mscale = _number(scaling, "mscale", "yarn", default=0.0, positive=False)
+    mscale_all_dim = _number(scaling, "mscale_all_dim", "yarn", default=0.0, positive=False)
 
     def get_mscale(scale, m=1.0):
         return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    attention = scaling.get("attention_factor")
+    attention = _number(scaling, "attention_factor", "yarn", default=0.0) or None
     if attention is None:
         if mscale and mscale_all_dim:
             attention = get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
         else:
             attention = get_mscale(factor)
-    beta_fast = scaling.get("beta_fast") or 32
-    beta_slow = scaling.get("beta_slow") or 1
+    beta_fast = _number(scaling, "beta_fast", "yarn", default=32.0)
+    beta_slow = _number(scaling, "beta_slow", "yarn", default=1.0)
     truncate = scaling.get("truncate", True)
+    if base == 1.0:
+        raise ValueError("rope_cos_sin: base must not be 1 with rope_type 'yarn' (its correction "
+                         "range divides by log(base))")
 
     def correction_dim(rotations):
         return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
@@ -216,7 +220,10 @@ def _longrope_tables(base, d, scaling, max_position_embeddings):
                 f"(rotary frequencies), got shape {ext.shape}")
         tables.append(1.0 / (ext * base ** _exponents(d)))
     factor = _number(scaling, "factor", "longrope", default=mpe / original)
-    attention = scaling.get("attention_factor")
+    attention = _number(scaling, "attention_factor", "longrope", default=0.0) or None
+    if attention is None and factor > 1 and original <= 1:
+        raise ValueError("rope_cos_sin: scaling['original_max_position_embeddings'] must be > 1 "
+                         f"for rope_type 'longrope' with factor > 1, got {original!r}")
     if attention is None:
         attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
     return tables[0], tables[1], original, float(attention)
@@ -259,9 +266,11 @@ def frequency_plan(positions, d, base, scaling, max_position_embeddings) -> Freq
     """The plan of `rope_cos_sin` for width d (rotary_dim, or rotary_dim/2 in quarter mode):
     inverse frequencies (float32 (d/2,), traced when they depend on traced positions) and
     the attention factor."""
+    if isinstance(base, bool) or not isinstance(base, numbers.Real):
+        raise TypeError(f"rope_cos_sin: base must be a number, got {base!r}")
     base = float(base)
-    if not base > 0:
-        raise ValueError(f"rope_cos_sin: base must be > 0, got {base!r}")
+    if not (base > 0 and math.isfinite(base)):
+        raise ValueError(f"rope_cos_sin: base must be finite and > 0, got {base!r}")
     rope_type = _rope_type(scaling, base)
     default = base ** -_exponents(d)
     if rope_type == "default":
@@ -355,6 +364,8 @@ def rope_cos_sin(positions, rotary_dim, *, base=10000.0, rotary_mode="half", sca
 
     Raises:
       TypeError: positions not integer; rotary_dim not an int; scaling not a dict.
+      ValueError: positions beyond int32 (traced 64-bit ones when the computation runs,
+        unless `jax_rope.runtime_checks(False)`).
       ValueError: bad rotary_mode, rotary_dim, dtype or base; unknown rope_type; a missing or
         invalid scaling key (named); max_position_embeddings missing where needed.
     """
@@ -408,6 +419,8 @@ def positions_from_seq_lens(actual_seq_len, total):
     if actual_seq_len.ndim != 1 or actual_seq_len.shape[0] == 0:
         raise ValueError("positions_from_seq_lens: actual_seq_len must be 1-D and non-empty, "
                          f"got shape {actual_seq_len.shape}")
+    actual_seq_len = runtime_checks.fits_int32("positions_from_seq_lens: actual_seq_len",
+                                               actual_seq_len)
     if not isinstance(actual_seq_len, jax.core.Tracer):
         ends = np.asarray(actual_seq_len)
         if ends[0] < 0 or np.any(np.diff(ends) < 0):
