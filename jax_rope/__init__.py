@@ -15,12 +15,15 @@ registration per primitive with its lowering and partitioning), `rope/`,
 
 from jax_rope._version import __version__
 from jax_rope.attention.api import attention_scores, flash_attention_score, sparse_mask
+from jax_rope.attention.dot_product import dot_product_attention
 from jax_rope.attention.primitives import FFI_TARGETS as _ATTENTION_TARGETS
 from jax_rope.core.implementation import backend, set_backend
+from jax_rope.core.runtime_checks import runtime_checks, set_runtime_checks
 from jax_rope.describe import describe
 from jax_rope.parallel.context import context_parallel_attention
 from jax_rope.parallel.sequence import SequenceParallelShard, varlen_sequence_parallel_split
 from jax_rope.rope.api import apply_rotary_pos_emb, apply_rotary_pos_emb_grad
+from jax_rope.rope.config import rope_config
 from jax_rope.rope.primitives import FFI_TARGETS as _ROPE_TARGETS
 from jax_rope.rope.tables import positions_from_seq_lens, rope_cos_sin
 
@@ -38,10 +41,14 @@ __all__ = [
     "backend",
     "context_parallel_attention",
     "describe",
+    "dot_product_attention",
     "flash_attention_score",
     "positions_from_seq_lens",
+    "rope_config",
     "rope_cos_sin",
+    "runtime_checks",
     "set_backend",
+    "set_runtime_checks",
     "sparse_mask",
     "varlen_sequence_parallel_split",
 ]
