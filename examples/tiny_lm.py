@@ -1,10 +1,11 @@
-"""A tiny decoder-only character language model built on jax_rope.
+"""A tiny decoder-only character language model built on jax_rope's Flax NNX layers.
 
-Every attention layer rotates its queries and keys with `jr.rope_cos_sin` +
-`jr.apply_rotary_pos_emb` (there is no position table: RoPE is the only position
-signal) and attends with `jr.flash_attention_score(..., sparse_mode=2)`, the
-NPU's leftUpCausal mask. Grouped-query attention: 4 query heads share 2 key/value
-heads. Trained with `jax.value_and_grad` and optax on `tiny_corpus.txt`.
+Every block attends with `jax_rope.nn.GroupedQueryAttention` (sparse_mode=2, the NPU's
+leftUpCausal mask; 4 query heads share 2 key/value heads), which rotates its queries and keys
+with the fused `apply_rotary_pos_emb` using the tables of a shared
+`jax_rope.nn.RotaryEmbedding` (there is no position table: RoPE is the only position signal).
+Trained with `nnx.value_and_grad` and an optax Adam `nnx.Optimizer` under `nnx.jit` on
+`tiny_corpus.txt`; sampling goes through the layers' key/value cache.
 
 Used by `examples/train_tiny_lm.py` (the command line) and
 `notebooks/03_training.ipynb`; nothing here prints.
@@ -13,7 +14,6 @@ Used by `examples/train_tiny_lm.py` (the command line) and
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import pathlib
 import time
@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
-import jax_rope as jr
+from jax_rope.nn import GroupedQueryAttention, RotaryEmbedding
 
 CORPUS_PATH = pathlib.Path(__file__).with_name("tiny_corpus.txt")
 
@@ -76,111 +77,98 @@ class Corpus:
 
 
 # ---------------------------------------------------------------------------------------------
-# The model
+# The model: jax_rope.nn layers
 # ---------------------------------------------------------------------------------------------
 
-def init_params(key, config: Config, vocab_size: int) -> dict:
-    """Parameters as a pytree of float32 arrays; the unembedding starts at zero, so the
-    first loss is exactly log(vocab_size)."""
-    c = config
-    keys = iter(jax.random.split(key, 1 + 6 * c.layers))
+class Block(nnx.Module):
+    """Pre-RMSNorm residual block: causal grouped-query attention with RoPE, then a GELU MLP."""
 
-    def dense(fan_in, *shape):
-        return jax.random.normal(next(keys), (fan_in, *shape)) / math.sqrt(fan_in)
+    def __init__(self, c: Config, rotary: RotaryEmbedding, rngs: nnx.Rngs):
+        depth = 1.0 / math.sqrt(2 * c.layers)  # residual branches start small
+        self.attn_norm = nnx.RMSNorm(c.model_dim, rngs=rngs)
+        self.attn = GroupedQueryAttention(c.model_dim, c.q_heads, c.kv_heads, c.head_dim,
+                                          rotary=rotary, sparse_mode=2, rngs=rngs)
+        self.attn.o_proj.kernel[...] *= depth
+        self.mlp_norm = nnx.RMSNorm(c.model_dim, rngs=rngs)
+        self.w_in = nnx.Linear(c.model_dim, c.mlp_dim, use_bias=False, rngs=rngs)
+        self.w_out = nnx.Linear(c.mlp_dim, c.model_dim, use_bias=False, rngs=rngs)
+        self.w_out.kernel[...] *= depth
 
-    layers = []
-    for _ in range(c.layers):
-        layers.append({
-            "attn_norm": jnp.ones((c.model_dim,)),
-            "wq": dense(c.model_dim, c.q_heads, c.head_dim),
-            "wk": dense(c.model_dim, c.kv_heads, c.head_dim),
-            "wv": dense(c.model_dim, c.kv_heads, c.head_dim),
-            "wo": dense(c.q_heads * c.head_dim, c.model_dim).reshape(
-                c.q_heads, c.head_dim, c.model_dim) / math.sqrt(2 * c.layers),
-            "mlp_norm": jnp.ones((c.model_dim,)),
-            "w_in": dense(c.model_dim, c.mlp_dim),
-            "w_out": dense(c.mlp_dim, c.model_dim) / math.sqrt(2 * c.layers),
-        })
-    return {
-        "embed": jax.random.normal(next(keys), (vocab_size, c.model_dim)),
-        "layers": layers,
-        "final_norm": jnp.ones((c.model_dim,)),
-        "unembed": jnp.zeros((c.model_dim, vocab_size)),
-    }
+    def __call__(self, x, decode: bool = False):
+        x = x + self.attn(self.attn_norm(x), decode=decode)
+        return x + self.w_out(jax.nn.gelu(self.w_in(self.mlp_norm(x))))
 
 
-def rms_norm(x, scale, eps: float = 1e-6):
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+class TinyLM(nnx.Module):
+    """Next-character logits (B, S, vocab) for int tokens (B, S). RoPE is the only position
+    signal; the unembedding starts at zero, so the first loss is exactly log(vocab_size)."""
+
+    def __init__(self, config: Config, vocab_size: int, rngs: nnx.Rngs):
+        c = config
+        rotary = RotaryEmbedding(c.head_dim, base=c.rope_base)  # shared by every layer
+        self.embed = nnx.Embed(vocab_size, c.model_dim,
+                               embedding_init=nnx.initializers.normal(1.0), rngs=rngs)
+        self.blocks = nnx.List([Block(c, rotary, rngs) for _ in range(c.layers)])
+        self.final_norm = nnx.RMSNorm(c.model_dim, rngs=rngs)
+        self.unembed = nnx.Linear(c.model_dim, vocab_size, use_bias=False,
+                                  kernel_init=nnx.initializers.zeros, rngs=rngs)
+
+    def init_cache(self, batch: int, max_length: int) -> None:
+        for block in self.blocks:
+            block.attn.init_cache(batch, max_length)
+
+    def __call__(self, tokens, decode: bool = False):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, decode)
+        return self.unembed(self.final_norm(x))
 
 
-def rope_tables(seq_len: int, config: Config):
-    """Half-mode cos/sin for positions 0..S-1, shaped (1, S, 1, head_dim) for BSND."""
-    positions = jnp.arange(seq_len)[None, :]                       # (1, S): broadcast over B
-    cos, sin = jr.rope_cos_sin(positions, config.head_dim, base=config.rope_base)
-    return cos[:, :, None, :], sin[:, :, None, :]
+def make_model(config: Config, vocab_size: int) -> TinyLM:
+    return TinyLM(config, vocab_size, nnx.Rngs(config.seed))
 
 
-def attention(layer: dict, x, cos, sin):
-    """Causal self-attention with RoPE: x (B, S, model_dim) -> (B, S, model_dim)."""
-    q = jnp.einsum("bsm,mnd->bsnd", x, layer["wq"])                # (B, S, Nq, D)
-    k = jnp.einsum("bsm,mnd->bsnd", x, layer["wk"])                # (B, S, Nk, D)
-    v = jnp.einsum("bsm,mnd->bsnd", x, layer["wv"])
-    q, k = jr.apply_rotary_pos_emb(q, k, cos, sin, layout="BSND", rotary_mode="half")
-    out, _, _ = jr.flash_attention_score(q, k, v, input_layout="BSND", sparse_mode=2)
-    return jnp.einsum("bsnd,ndm->bsm", out, layer["wo"])
-
-
-def mlp(layer: dict, x):
-    return jax.nn.gelu(x @ layer["w_in"]) @ layer["w_out"]
-
-
-def forward(params: dict, tokens, config: Config):
-    """Next-character logits (B, S, vocab) for int tokens (B, S)."""
-    cos, sin = rope_tables(tokens.shape[1], config)
-    x = params["embed"][tokens]
-    for layer in params["layers"]:
-        x = x + attention(layer, rms_norm(x, layer["attn_norm"]), cos, sin)
-        x = x + mlp(layer, rms_norm(x, layer["mlp_norm"]))
-    return rms_norm(x, params["final_norm"]) @ params["unembed"]
-
-
-def loss_fn(params: dict, tokens, targets, config: Config):
+def loss_fn(model: TinyLM, tokens, targets):
     """Mean cross-entropy (nats per character) of predicting `targets`."""
-    logits = forward(params, tokens, config)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(model(tokens), targets).mean()
+
+
+eval_loss = nnx.jit(loss_fn)
 
 
 # ---------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------
 
-def make_optimizer(config: Config) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.learning_rate))
+def make_optimizer(model: TinyLM, config: Config) -> nnx.Optimizer:
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(config.learning_rate))
+    return nnx.Optimizer(model, tx, wrt=nnx.Param)
 
 
-def make_train_step(config: Config, optimizer: optax.GradientTransformation):
-    """A jitted step (params, opt_state, tokens, targets) -> (params, opt_state, loss).
+def make_train_step():
+    """A step (model, optimizer, tokens, targets) -> loss under nnx.jit, updating the model and
+    the optimizer state in place.
 
     The jax_rope backend is part of jit's cache key: calling the same step inside
     `with jr.backend("fallback")` traces and compiles it again for that backend.
     """
-    @jax.jit
-    def train_step(params, opt_state, tokens, targets):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets, config)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    @nnx.jit
+    def train_step(model, optimizer, tokens, targets):
+        loss, grads = nnx.value_and_grad(loss_fn)(model, tokens, targets)
+        optimizer.update(model, grads)
+        return loss
     return train_step
 
 
 @dataclasses.dataclass
 class TrainResult:
-    params: dict
+    model: TinyLM
     losses: list[float]
     corpus: Corpus
     config: Config
     seconds: float                  # wall time of all steps, compilation included
     train_step: Callable            # the jitted step, for timing it elsewhere
-    opt_state: object
+    optimizer: nnx.Optimizer
 
 
 def train(config: Config = Config(), steps: int = 300,
@@ -188,21 +176,20 @@ def train(config: Config = Config(), steps: int = 300,
           corpus: Corpus | None = None) -> TrainResult:
     """Trains from scratch for `steps` steps; `on_step(step, loss)` after each (1-based)."""
     corpus = corpus or Corpus.load()
-    params = init_params(jax.random.key(config.seed), config, corpus.vocab_size)
-    optimizer = make_optimizer(config)
-    opt_state = optimizer.init(params)
-    train_step = make_train_step(config, optimizer)
+    model = make_model(config, corpus.vocab_size)
+    optimizer = make_optimizer(model, config)
+    train_step = make_train_step()
     rng = np.random.default_rng(config.seed)
     losses = []
     start = time.perf_counter()
     for step in range(1, steps + 1):
         tokens, targets = corpus.batch(rng, config.batch, config.seq_len)
-        params, opt_state, loss = train_step(params, opt_state, tokens, targets)
+        loss = train_step(model, optimizer, tokens, targets)
         losses.append(float(loss))  # float() waits for the step: honest timings
         if on_step is not None:
             on_step(step, losses[-1])
-    return TrainResult(params, losses, corpus, config, time.perf_counter() - start,
-                       train_step, opt_state)
+    return TrainResult(model, losses, corpus, config, time.perf_counter() - start,
+                       train_step, optimizer)
 
 
 def final_loss(losses: list[float], window: int = 20) -> float:
@@ -213,36 +200,43 @@ def final_loss(losses: list[float], window: int = 20) -> float:
 
 def step_time_ms(result: TrainResult, repeats: int = 5) -> float:
     """Median wall time (ms) of one compiled training step under the current backend
-    (the first call, which may compile, is not counted). Parameters are not updated."""
+    (the first call, which may compile, is not counted), on copies: the trained model is
+    not updated."""
     tokens, targets = result.corpus.batch(np.random.default_rng(1), result.config.batch,
                                           result.config.seq_len)
-    args = (result.params, result.opt_state, tokens, targets)
-    jax.block_until_ready(result.train_step(*args))
+    model, optimizer = nnx.clone((result.model, result.optimizer))
+    jax.block_until_ready(result.train_step(model, optimizer, tokens, targets))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(result.train_step(*args))
+        jax.block_until_ready(result.train_step(model, optimizer, tokens, targets))
         times.append(time.perf_counter() - start)
     return 1e3 * sorted(times)[len(times) // 2]
 
 
-@functools.partial(jax.jit, static_argnames="config")
-def _next_logits(params, window, length, config: Config):
-    return forward(params, window[None, :], config)[0, length - 1]
+@nnx.jit
+def _next_logits(model: TinyLM, tokens):
+    return model(tokens, decode=True)[0, -1]
 
 
 def generate(result: TrainResult, prompt: str, length: int = 120) -> str:
-    """Greedy continuation of `prompt` (characters of the corpus only).
+    """Greedy continuation of `prompt` (characters of the corpus only), one character per step
+    through the layers' key/value cache.
 
-    The last seq_len characters are padded on the right to a fixed window, so one
-    compiled forward serves every step; the causal mask keeps the padding unseen.
+    The model was trained on windows of seq_len characters, so the cache holds at most that
+    many: when it is full, it restarts from the last seq_len // 2 characters (positions from 0
+    again, as in training).
     """
     corpus, seq_len = result.corpus, result.config.seq_len
+    model = nnx.clone(result.model)  # the cache is state: keep it off the trained model
     ids = list(corpus.encode(prompt))
+    step = ids[-seq_len:]
+    model.init_cache(1, seq_len)
     for _ in range(length):
-        context = ids[-seq_len:]
-        window = np.zeros(seq_len, np.int32)
-        window[:len(context)] = context
-        logits = _next_logits(result.params, window, len(context), result.config)
+        if int(model.blocks[0].attn.cache_length) + len(step) > seq_len:
+            model.init_cache(1, seq_len)
+            step = ids[-(seq_len // 2):]
+        logits = _next_logits(model, np.array([step], np.int32))
         ids.append(int(jnp.argmax(logits)))
+        step = ids[-1:]
     return corpus.decode(ids)

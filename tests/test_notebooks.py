@@ -2,9 +2,9 @@
 
 Each notebook in notebooks/ is executed headless with nbclient, in a kernel running this
 interpreter (working directory notebooks/), and fails on any cell error or after 300 s.
-The packages they need are the optional extra `notebooks`; a missing one is a failure
-that says so, never a skip. The kernel inherits the environment, so JAX_ROPE_BACKEND
-applies to the notebooks as well.
+The packages they need are the optional extra `notebooks` (03 also `flax`, 05 also
+`flax` and `hf`); a missing one is a failure that says so, never a skip. The kernel
+inherits the environment, so JAX_ROPE_BACKEND applies to the notebooks as well.
 """
 
 import importlib
@@ -21,24 +21,36 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 EXAMPLE = ROOT / "examples" / "train_tiny_lm.py"
 EXPECTED = ("01_quickstart.ipynb", "02_sparse_modes.ipynb", "03_training.ipynb",
-            "04_performance.ipynb")
+            "04_performance.ipynb", "05_hf_port.ipynb")
 NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
 NOTEBOOK_TIMEOUT_S = 300
 KERNEL_NAME = "jax-rope-tests-python"
 EXTRA = ("nbclient", "nbformat", "ipykernel", "matplotlib", "optax")
+# Optional extras some notebooks need beyond 'notebooks': {notebook: {extra: modules}}.
+NEEDS = {"03_training.ipynb": {"flax": ("flax",)},
+         "05_hf_port.ipynb": {"flax": ("flax",), "hf": ("safetensors", "transformers", "torch")}}
 
 
-def require_notebook_extra():
-    """Imports nbclient and nbformat; fails (not skips) if any package of the extra is missing."""
+def _missing(modules):
     missing = []
-    for name in EXTRA:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
             missing.append(name)
+    return missing
+
+
+def require_notebook_extra(name=None):
+    """Imports nbclient and nbformat; fails (not skips) if any package of the extras that
+    notebook `name` needs is missing."""
+    extras = {"notebooks": EXTRA, **NEEDS.get(name, {})}
+    missing = {extra: m for extra, modules in extras.items() if (m := _missing(modules))}
     if missing:
-        pytest.fail(f"the notebook tests need {', '.join(missing)} (the optional extra "
-                    f"'notebooks': pip install -e '.[notebooks]')", pytrace=False)
+        pytest.fail(f"{name or 'the notebook tests'} need "
+                    + "; ".join(f"{', '.join(m)} (the optional extra '{extra}')"
+                                for extra, m in missing.items())
+                    + f": pip install -e '.[{','.join(missing)}]'", pytrace=False)
     return importlib.import_module("nbclient"), importlib.import_module("nbformat")
 
 
@@ -75,7 +87,7 @@ def kernel_name(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, kernel_name):
-    nbclient, nbformat = require_notebook_extra()
+    nbclient, nbformat = require_notebook_extra(name)
     notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     nbformat.validate(notebook)
     deadline = time.monotonic() + NOTEBOOK_TIMEOUT_S
