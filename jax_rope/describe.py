@@ -23,8 +23,11 @@ def _platform_backends(status, kernel_platforms) -> dict[str, str]:
     table = {}
     for platform in kernel_platforms + ("other platforms",):
         has_kernel = platform in kernel_platforms and status.loaded
-        if chosen == "fallback" or not has_kernel:
+        npu_why = npu.kernels_unavailable() if platform == npu.PLATFORM and has_kernel else None
+        if chosen == "fallback" or not has_kernel or npu_why:
             table[platform] = "error (no kernel)" if chosen == "ffi" else "jnp fallback"
+            if npu_why and chosen != "fallback":
+                table[platform] += f" ({npu_why})"
         else:
             table[platform] = ("NPU kernel where the profile covers the call, else jnp fallback"
                                if platform == npu.PLATFORM else "XLA FFI kernel")

@@ -1,19 +1,22 @@
-"""Contract tests of the NPU launch glue against a simulated CANN runtime.
+"""Contract tests of the NPU launch glue against a simulated CANN runtime, per
+CANN generation and chip.
 
-The simulated runtime (tests/npu_sim/sim.cc, attention.cc) and the NPU
+The simulated runtime (tests/npu_sim: the core sim_core.cc, the operator
+libraries sim_ops.cc + attention.cc built once per generation) and the NPU
 handlers' host twins (tests/npu_sim/host_handlers.cc) are CMake's test-only
-targets in build/tests (tests/native_build.py). The simulator is laid out as a
-temporary CANN-like tree (lib64/libascendcl.so, libnnopbase.so, libopapi.so:
-one library), and tests/npu_sim/contract_checks.py runs in a subprocess with
-ASCEND_HOME_PATH pointing at it and the host twins' library to register, once
-as an Atlas A2 (RoPE forward kernel, FlashAttentionScore and its gradient) and
-once as an Ascend 950 (RoPE forward and backward kernels, attention on the
-fallback). The simulator checks every call against the documented operator
-contract and computes with the CPU kernels. Each check runs on the profiles it
-applies to, and where a profile lacks a kernel a check says that the call
-lowers to the fallback: nothing is skipped.
+targets in build/tests (tests/native_build.py). Each generation is laid out as
+a CANN tree of its own (lib64/libascendcl.so and libnnopbase.so: the core;
+8.0: a monolithic libopapi.so; 8.5 and 9.0: an operator-less libopapi.so and
+libopapi_transformer.so; the version in ascend_toolkit_install.info), and
+tests/npu_sim/contract_checks.py runs in a subprocess per generation x chip
+(Atlas A2, A3, 310P, Ascend 950, and an unsupported Ascend910A), with
+ASCEND_HOME_PATH pointing at the tree. The simulator checks every call against
+the documented operator contract of its generation and chip and computes as
+the real operator does; each check says which path (NPU kernel or fallback)
+it expects there and compares with the oracle: nothing is skipped.
 """
 
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -24,20 +27,42 @@ import native_build
 from jax_rope.core import extension as _extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOCS = {"A2": "Ascend910B2", "950": "Ascend910_9599"}
-COMMON = ["forward_bsnd_half", "forward_bsnd_partial_interleave_bf16", "forward_tnd_quarter",
-          "forward_float16_matches_fallback", "wrong_call_through_handler_is_an_ffi_error",
-          "wrong_call_directly_is_rejected", "describe_reports_simulated_runtime",
-          "attention_wrong_calls_directly_are_rejected"]
-ATTENTION = ["attention_mode0_no_mask", "attention_mode0_mask_and_band",
-             "attention_mode2_bnsd_value_dim", "attention_mode3_sbh", "attention_mode4_band",
-             "attention_tnd_varlen_mode3", "attention_tnd_varlen_mode8_split",
-             "attention_tnd_causal_with_sq_above_skv_is_rejected"]
-CHECKS = {
-    "A2": COMMON + ["backward_a2_lowers_to_fallback"] + ATTENTION,
-    "950": COMMON + ["backward_950_with_tables", "attention_950_lowers_to_fallback"],
-}
-CASES = [(profile, name) for profile in sorted(CHECKS) for name in CHECKS[profile]]
+GENERATIONS = {80: "8.0.RC1", 85: "8.5.0", 90: "9.0.0"}
+CHIPS = {"A2": "Ascend910B2", "A3": "Ascend910_9392", "310P": "Ascend310P3",
+         "950": "Ascend910_9599", "unsupported": "Ascend910A"}
+EVERYWHERE = ["forward_bsnd_half", "forward_tnd_half",
+              "w3_interleave_and_quarter_are_not_sent_to_old_chips", "w4_rope_beyond_the_ub_limit",
+              "w11_partial_rotary_only_where_the_cann_accepts_it",
+              "forward_float16_matches_fallback", "w10_backward_with_and_without_inputs",
+              "w1_operators_resolved_per_library", "describe_reports_simulated_runtime",
+              "attention_mode0_no_mask", "w6_mode0_mask_and_band",
+              "w7_rows_masked_by_the_user_mask", "w8_prefix_mode_with_a_shared_mask",
+              "w5_tnd_statistics_with_several_heads", "w9_host_lists_read_through_pinned_memory",
+              "attention_mode2_bnsd_value_dim",
+              "attention_mode3_sbh", "attention_mode4_band", "attention_tnd_varlen_mode3",
+              "attention_tnd_varlen_mode8_split",
+              "attention_tnd_causal_with_sq_above_skv_is_rejected",
+              "attention_invalid_traced_lengths_and_prefix_are_refused"]
+
+
+def checks_for(chip, gen):
+    """The checks of one generation x chip: everything, plus what needs a kernel there."""
+    names = list(EVERYWHERE)
+    if chip != "unsupported":
+        names.append("wrong_call_through_handler_is_an_ffi_error")
+    if chip != "unsupported" and gen >= 85:
+        names += ["wrong_call_directly_is_rejected",
+                  "executor_freed_when_workspace_allocation_fails"]
+    if chip in ("A2", "A3"):
+        names.append("attention_wrong_calls_directly_are_rejected")
+    if chip == "unsupported":
+        names.append("w12_unsupported_soc_takes_the_fallback")
+    return names
+
+
+COMBOS = [(chip, gen) for gen in GENERATIONS for chip in CHIPS
+          if chip != "unsupported" or gen == 85]
+CASES = [(f"{chip}-cann{gen}", name) for chip, gen in COMBOS for name in checks_for(chip, gen)]
 
 pytestmark = pytest.mark.skipif(not _extension.STATUS.loaded,
                                 reason="compiled extension not loaded")
@@ -51,36 +76,60 @@ def native():
         pytest.skip(str(why))
 
 
-@pytest.fixture(scope="module")
-def sim_home(tmp_path_factory, native):
-    home = tmp_path_factory.mktemp("cann_sim")
-    lib = home / "lib64"
-    lib.mkdir()
-    for name in ("libascendcl.so", "libnnopbase.so", "libopapi.so"):
+def cann_tree(root, native, gen):
+    """A simulated CANN install of generation `gen` under `root`."""
+    lib = root / "lib64"
+    lib.mkdir(parents=True)
+    for name in ("libascendcl.so", "libnnopbase.so"):
         (lib / name).symlink_to(native / native_build.SIMULATOR)
-    return home
+    ops = native / native_build.SIMULATOR_OPS.format(gen)
+    if gen == 80:
+        (lib / "libopapi.so").symlink_to(ops)
+    else:
+        (lib / "libopapi.so").symlink_to(native / native_build.SIMULATOR_OPAPI_BASE)
+        (lib / "libopapi_transformer.so").symlink_to(ops)
+    (root / "x86_64-linux").mkdir()
+    (root / "x86_64-linux" / "ascend_toolkit_install.info").write_text(
+        f"package_name=Ascend-cann-toolkit\nversion={GENERATIONS[gen]}\n")
+    return root
 
 
 @pytest.fixture(scope="module")
-def results(sim_home, native):
-    out = {}
-    for profile, soc in SOCS.items():
-        env = dict(os.environ, ASCEND_HOME_PATH=str(sim_home), JAX_ROPE_SIM_SOC=soc,
-                   JAX_PLATFORMS="cpu",
-                   JAX_ROPE_NPU_HOST_HANDLERS=str(native / native_build.HOST_HANDLERS))
-        env.pop("JAX_ROPE_NPU_PROFILE", None)
-        run = subprocess.run([sys.executable, os.path.join(HERE, "npu_sim", "contract_checks.py"),
-                              *CHECKS[profile]],
-                             env=env, capture_output=True, text=True, timeout=300)
+def trees(tmp_path_factory, native):
+    base = tmp_path_factory.mktemp("cann_sim")
+    return {gen: cann_tree(base / f"cann{gen}", native, gen) for gen in GENERATIONS}
+
+
+def sim_env(tree, native, chip, gen):
+    env = dict(os.environ, ASCEND_HOME_PATH=str(tree), JAX_ROPE_SIM_SOC=CHIPS[chip],
+               JAX_ROPE_SIM_CHIP=chip, JAX_ROPE_SIM_GEN=str(gen), JAX_PLATFORMS="cpu",
+               JAX_ROPE_NPU_HOST_HANDLERS=str(native / native_build.HOST_HANDLERS))
+    for name in ("JAX_ROPE_NPU_PROFILE", "JAX_ROPE_CANN_VERSION", "ASCEND_CUSTOM_OPP_PATH",
+                 "ASCEND_OPP_PATH"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def results(trees, native):
+    def run(combo):
+        chip, gen = combo
+        run = subprocess.run(
+            [sys.executable, os.path.join(HERE, "npu_sim", "contract_checks.py"),
+             *checks_for(chip, gen)],
+            env=sim_env(trees[gen], native, chip, gen), capture_output=True, text=True,
+            timeout=300)
         lines = {line.split(" ", 2)[1].rstrip(":"): line for line in run.stdout.splitlines()
                  if line.split(" ", 1)[0] in ("ok", "FAIL")}
-        out[profile] = (lines, run.stderr[-3000:])
-    return out
+        return f"{chip}-cann{gen}", (lines, run.stderr[-3000:])
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, COMBOS))
 
 
-@pytest.mark.parametrize("profile, name", CASES)
-def test_contract(results, profile, name):
-    lines, stderr = results[profile]
+@pytest.mark.parametrize("combo, name", CASES)
+def test_contract(results, combo, name):
+    lines, stderr = results[combo]
     assert name in lines, f"check did not run; stderr: {stderr}"
     assert lines[name].startswith("ok"), lines[name].replace(" | ", "\n")
 
@@ -108,3 +157,22 @@ def test_without_cann_the_runtime_is_absent_and_says_why():
                          check=True).stdout
     assert out.startswith("absent (CANN not found: libascendcl.so not found"), out
     assert "sum 16.0" in out
+
+
+def test_relative_ascend_home_path_is_not_used(trees, native):
+    # A relative ASCEND_HOME_PATH would load libraries from the working directory.
+    code = "import jax_rope as jr\nprint(jr.describe(as_dict=True)['NPU runtime'])\n"
+    env = sim_env(trees[85], native, "A2", 85)
+    env.update(ASCEND_HOME_PATH="cann85", ASCEND_TOOLKIT_HOME="cann85", LD_LIBRARY_PATH="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=trees[85].parent).stdout
+    assert out.startswith("absent (CANN not found"), out
+
+
+def test_npu_platform_naming_a_jax_platform_is_an_error():
+    env = dict(os.environ, JAX_ROPE_NPU_PLATFORM="cpu")
+    run = subprocess.run([sys.executable, "-c", "import jax_rope"], env=env, capture_output=True,
+                         text=True)
+    assert run.returncode != 0
+    assert "JAX_ROPE_NPU_PLATFORM must name the Ascend NPU's PJRT platform" in run.stderr, \
+        run.stderr[-2000:]

@@ -56,7 +56,7 @@ def test_rope_forward_and_backward_targets_on_950():
         (qo, ko), pullback = jax.vjp(jr.apply_rotary_pos_emb, q, k, c, s)
         return pullback((qo, ko))
 
-    env = dict(os.environ, JAX_ROPE_NPU_PROFILE="950")
+    env = dict(os.environ, JAX_ROPE_NPU_PROFILE="950", JAX_ROPE_CANN_VERSION="9.0")
     code = (
         "import jax, jax.numpy as jnp, jax_rope as jr\n"
         "from jax_rope import npu\n"
@@ -91,43 +91,77 @@ def test_rope_forward_on_a2_backward_falls_back():
     assert targets == ["jax_rope_npu_rope_fwd"]  # A2 has no fused backward
 
 
-def test_rope_tnd_and_interleave_attributes():
+def test_rope_tnd_attributes():
     q, k, c, s = arrays((6, 4, 64), (6, 1, 64), (6, 1, 64), (6, 1, 64))
-    text = export_text(lambda *a: jr.apply_rotary_pos_emb(*a, layout="TND",
-                                                          rotary_mode="interleave"), q, k, c, s)
+    text = export_text(lambda *a: jr.apply_rotary_pos_emb(*a, layout="TND"), q, k, c, s)
     (target, operands, attrs), = custom_calls(text)
     assert target == "jax_rope_npu_rope_fwd" and operands == 4
-    assert "layout = 4 : i32" in attrs and "rotary_mode = 2 : i32" in attrs
+    assert "layout = 4 : i32" in attrs and "rotary_mode = 0 : i32" in attrs
 
 
-@pytest.mark.parametrize("case, why", [
-    (dict(d=96), "head dim 96"),
-    (dict(layout="BNSD"), "layout"),
-    (dict(cos_batch=1), "cos batch"),
-    (dict(r=64), None),  # partial rotary 64 of 128 is covered
-])
-def test_rope_outside_a2_profile_lowers_to_fallback(case, why):
-    d, r = case.get("d", 128), case.get("r", case.get("d", 128))
-    layout = case.get("layout", "BSND")
-    b, cb = 2, case.get("cos_batch", 2)
-    if layout == "BNSD":
-        shapes = (b, 4, 8, d), (b, 2, 8, d), (cb, 1, 8, r)
-    else:
-        shapes = (b, 8, 4, d), (b, 8, 2, d), (cb, 8, 1, r)
-    q, k, c, s = arrays(shapes[0], shapes[1], shapes[2], shapes[2])
-    fn = lambda *a: jr.apply_rotary_pos_emb(*a, layout=layout)
-    targets = [t for t, _, _ in custom_calls(export_text(fn, q, k, c, s))]
-    assert targets == ([] if why else ["jax_rope_npu_rope_fwd"])
-    if why:  # and "ffi" there is a clear error naming the reason
-        with jr.backend("ffi"), pytest.raises(ValueError, match=why):
-            export_text(fn, q, k, c, s)
-        # the fallback computes the same numbers as the CPU path
-        rng = np.random.default_rng(0)
-        xs = [jnp.asarray(rng.standard_normal(x.shape), jnp.float32) for x in (q, k, c, s)]
-        exported = jax.export.export(jax.jit(fn), platforms=[npu.PLATFORM, "cpu"],
-                                     disabled_checks=CHECKS)(*xs)
-        for got, want in zip(exported.call(*xs), fn(*xs)):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+def rope_targets(monkeypatch, profile, shapes, dtype=jnp.float16, cann=None, **kw):
+    """The custom calls of jr.apply_rotary_pos_emb exported for `profile`."""
+    monkeypatch.setenv("JAX_ROPE_NPU_PROFILE", profile)
+    if cann:
+        monkeypatch.setenv("JAX_ROPE_CANN_VERSION", cann)
+    q, k, c, s = arrays(*shapes, shapes[2], dtype=dtype)
+    fn = lambda *a: jr.apply_rotary_pos_emb(*a, **kw)  # a new function: no lowering cache
+    return [t for t, _, _ in custom_calls(export_text(fn, q, k, c, s))]
+
+
+BSND_128 = [(2, 8, 4, 128), (2, 8, 2, 128), (2, 8, 1, 128)]
+
+
+@pytest.mark.parametrize("profile", ["A2", "A3", "310P", "950"])
+@pytest.mark.parametrize("mode", ["interleave", "quarter"])
+def test_w3_old_chips_compute_half_only(monkeypatch, profile, mode):
+    # The A2/A3/310P kernel never reads rotary_mode (it would compute half):
+    # interleave/quarter take the fallback there; the 950 kernel computes them.
+    targets = rope_targets(monkeypatch, profile, BSND_128, rotary_mode=mode)
+    assert targets == (["jax_rope_npu_rope_fwd"] if profile == "950" else [])
+    assert rope_targets(monkeypatch, profile, BSND_128, rotary_mode="half") == \
+        ["jax_rope_npu_rope_fwd"]
+
+
+@pytest.mark.parametrize("heads, dtype, covered", [
+    (76, jnp.float32, True), (77, jnp.float32, False), (77, jnp.bfloat16, False),
+    (152, jnp.float16, True), (153, jnp.float16, False)])
+def test_w4_rope_ub_formula_on_a2(monkeypatch, heads, dtype, covered):
+    # aclnnApplyRotaryPosEmbV2.md's per-token UB formula (192 KiB), not Nq + Nk <= 255.
+    shapes = [(1, 2, heads - 1, 128), (1, 2, 1, 128), (1, 2, 1, 128)]
+    assert rope_targets(monkeypatch, "A2", shapes, dtype) == \
+        (["jax_rope_npu_rope_fwd"] if covered else [])
+
+
+@pytest.mark.parametrize("profile", ["A2", "950"])
+def test_w11_partial_rotary_only_where_the_cann_accepts_it(monkeypatch, profile):
+    shapes = [(1, 8, 4, 128), (1, 8, 2, 128), (1, 8, 1, 64)]
+    assert rope_targets(monkeypatch, profile, shapes, cann="8.5") == []
+    assert rope_targets(monkeypatch, profile, shapes, cann="9.0") == ["jax_rope_npu_rope_fwd"]
+    with jr.backend("ffi"), pytest.raises(ValueError, match="partial rotary"):
+        rope_targets(monkeypatch, profile, shapes, cann="8.5")
+
+
+def test_w2_operators_of_the_cann_generation(monkeypatch):
+    # Without a runtime, the CANN generation says which operators exist: 8.0 has no
+    # ApplyRotaryPosEmbV2 (RoPE falls back) but FlashAttentionScore.
+    assert rope_targets(monkeypatch, "A2", BSND_128, cann="8.0") == []
+    q, k, v = attention_args()
+    fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=2)[0]
+    assert [t for t, _, _ in custom_calls(export_text(fn, q, k, v))] == \
+        ["jax_rope_npu_attention_fwd"]
+    info = jr.describe(as_dict=True)
+    assert info["NPU operators"]["aclnnApplyRotaryPosEmbV2"] == "missing"
+    assert info["NPU CANN"].startswith("8.0 generation")
+
+
+@pytest.mark.parametrize("soc, profile", [
+    ("Ascend910B1", "A2"), ("Ascend910B4-1", "A2"), ("Ascend910_9391", "A3"),
+    ("Ascend310P3", "310P"), ("Ascend910_9599", "950"), ("Ascend950PR_9579", "950"),
+    ("Ascend910A", None), ("Ascend910ProB", None), ("Ascend910PremiumA", None),
+    ("Ascend310B1", None), ("Ascend910B", None)])
+def test_w12_soc_names(soc, profile):
+    assert npu.profile_for_soc(soc) == profile
 
 
 def attention_args(layout="BSND", dtype=jnp.bfloat16):
@@ -166,7 +200,8 @@ def test_attention_tnd_statistics_are_sliced_to_spec_shapes():
                                  disabled_checks=CHECKS)(q, k, v)
     assert [a.shape for a in exported.out_avals] == [(12, 4, 64), (12, 4), (12, 4)]
     text = exported.mlir_module()
-    assert "tensor<12x4x8xf32>" in text
+    # W5: VarLen writes its statistics in NTD order, [N1, T, 8]
+    assert "tensor<4x12x8xf32>" in text and "tensor<12x4x8xf32>" not in text
     assert [t for t, _, _ in custom_calls(text)] == ["jax_rope_npu_attention_fwd"]
 
 
@@ -192,3 +227,35 @@ def test_describe_lists_profile_and_rules():
     assert info["NPU runtime"].startswith("absent (")
     assert info["NPU profile"].startswith("A2")
     assert "D and r in {64, 128}" in info["NPU rules"]
+    assert "rotary_mode half," in info["NPU rules"] and "r == D" in info["NPU rules"]
+    assert set(info["NPU operators"]) == {
+        "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad", "aclnnFlashAttentionScore",
+        "aclnnFlashAttentionVarLenScore", "aclnnFlashAttentionScoreGrad",
+        "aclnnFlashAttentionUnpaddingScoreGrad"}
+    assert info["NPU CANN"].startswith("8.5 generation")
+
+
+def test_w8_prefix_mask_broadcast_to_the_batch():
+    # Mode 5 with B > 1 takes only a [B,1,S,S] / [B,N,S,S] mask: a (1,1,S,S) one is
+    # broadcast before the call, and the call still reaches the NPU kernel.
+    q, k, v = attention_args()
+    mask = jnp.zeros((1, 1, 16, 16), jnp.bool_)
+    fn = lambda q, k, v, m: jr.flash_attention_score(q, k, v, sparse_mode=5, atten_mask=m,
+                                                     prefix=[4, 8])[0]
+    text = export_text(fn, q, k, v, mask)
+    (target, _, _), = custom_calls(text)
+    assert target == "jax_rope_npu_attention_fwd"
+    call = next(line for line in text.splitlines() if "custom_call @jax_rope_npu_attention" in line)
+    assert "tensor<2x1x16x16xui8>" in call, call
+
+
+def test_w6_mode0_band_goes_into_the_mask():
+    q, k, v = attention_args()
+    mask = jnp.zeros((2, 1, 16, 16), jnp.bool_)
+    fn = lambda pre, nxt: (lambda q, k, v, m: jr.flash_attention_score(
+        q, k, v, atten_mask=m, pre_tokens=pre, next_tokens=nxt)[0])
+    banded = export_text(fn(3, 0), q, k, v, mask)
+    unbanded = export_text(fn(100, 100), q, k, v, mask)
+    # the band's comparisons are there only when the band excludes something
+    assert "stablehlo.or" in banded and "stablehlo.or" not in unbanded.split("custom_call")[0]
+

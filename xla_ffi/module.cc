@@ -55,8 +55,12 @@ PYBIND11_MODULE(_jax_rope_ffi, m) {
   }, "Ascend NPU handlers: {target name: capsule}, registered for the NPU platform name.");
   m.def("npu_runtime", []() {
     const auto& state = jax_rope::npu::Runtime();
-    return py::make_tuple(state.available, state.detail, state.soc_name);
-  }, "(available, detail, SoC name): loads CANN on first call, never fails.");
+    py::dict operators;  // aclnn name -> library that defines it ("" when missing)
+    for (const auto& [name, library] : state.operators) operators[py::str(name)] = library;
+    return py::make_tuple(state.available, state.detail, state.soc_name, state.acl_library,
+                          operators);
+  }, "(available, detail, SoC name, libascendcl path, {operator: library or ''}): loads "
+     "CANN on first call, never fails.");
   m.def("codes", []() {
     py::dict roles;
     for (const auto& entry : jax_rope::kLayouts) {

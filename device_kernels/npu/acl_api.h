@@ -45,6 +45,10 @@ typedef aclError (*AclrtMemcpyFn)(void* dst, size_t dest_max, const void* src, s
 typedef aclError (*AclrtSynchronizeStreamFn)(aclrtStream stream);
 typedef aclError (*AclrtMallocFn)(void** ptr, size_t size, int32_t policy);
 typedef aclError (*AclrtGetDeviceFn)(int32_t* device_id);
+// Page-locked host memory: CANN 8.0/8.1 require it for asynchronous
+// device-to-host copies (aclrtMemcpyAsync's documented contract).
+typedef aclError (*AclrtMallocHostFn)(void** ptr, size_t size);
+typedef aclError (*AclrtFreeHostFn)(void* ptr);
 
 // libnnopbase
 typedef aclTensor* (*AclCreateTensorFn)(const int64_t* view_dims, uint64_t view_dims_num,
@@ -54,8 +58,11 @@ typedef aclTensor* (*AclCreateTensorFn)(const int64_t* view_dims, uint64_t view_
 typedef aclnnStatus (*AclDestroyTensorFn)(const aclTensor* tensor);
 typedef aclIntArray* (*AclCreateIntArrayFn)(const int64_t* value, uint64_t size);
 typedef aclnnStatus (*AclDestroyIntArrayFn)(const aclIntArray* array);
+// Frees an executor that will not be launched (a failed workspace allocation).
+typedef aclnnStatus (*AclDestroyAclOpExecutorFn)(aclOpExecutor* executor);
 
-// libopapi: every operator is a GetWorkspaceSize / launch pair.
+// The operator libraries (libcust_opapi, libopapi_<repo>, libopapi): every
+// operator is a GetWorkspaceSize / launch pair, resolved per operator.
 typedef aclnnStatus (*AclnnLaunchFn)(void* workspace, uint64_t workspace_size,
                                      aclOpExecutor* executor, aclrtStream stream);
 typedef aclnnStatus (*AclnnRopeV2WorkspaceFn)(aclTensor* query_ref, aclTensor* key_ref,

@@ -1,10 +1,16 @@
-// Run-time binding to CANN: dlopen libascendcl, libnnopbase and libopapi from
-// the standard CANN locations and resolve every entry point jax_rope calls by
-// name. Nothing links against CANN, so the extension builds and imports
-// everywhere; without CANN, Runtime().available is false and `detail` says why.
+// Run-time binding to CANN: dlopen libascendcl and libnnopbase from the
+// standard CANN locations, then resolve each aclnn operator on its own from
+// the operator libraries, in torch_npu's (op-plugin's) order: custom builds
+// (libcust_opapi.so), every lib64/libopapi_*.so of the split operator
+// repositories (libopapi_transformer.so, ...), then the monolithic
+// libopapi.so. Nothing links against CANN, so the extension builds and
+// imports everywhere; without CANN, Runtime().available is false and `detail`
+// says why; an operator a CANN lacks is null and listed as missing.
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "device_kernels/npu/acl_api.h"
 
@@ -19,12 +25,15 @@ struct AclApi {
   AclrtSynchronizeStreamFn aclrtSynchronizeStream = nullptr;
   AclrtMallocFn aclrtMalloc = nullptr;
   AclrtGetDeviceFn aclrtGetDevice = nullptr;
+  AclrtMallocHostFn aclrtMallocHost = nullptr;
+  AclrtFreeHostFn aclrtFreeHost = nullptr;
   // libnnopbase
   AclCreateTensorFn aclCreateTensor = nullptr;
   AclDestroyTensorFn aclDestroyTensor = nullptr;
   AclCreateIntArrayFn aclCreateIntArray = nullptr;
   AclDestroyIntArrayFn aclDestroyIntArray = nullptr;
-  // libopapi
+  AclDestroyAclOpExecutorFn aclDestroyAclOpExecutor = nullptr;  // optional
+  // operators: each pair is present or null independently
   AclnnRopeV2WorkspaceFn aclnnApplyRotaryPosEmbV2GetWorkspaceSize = nullptr;
   AclnnLaunchFn aclnnApplyRotaryPosEmbV2 = nullptr;
   AclnnRopeGradWorkspaceFn aclnnApplyRotaryPosEmbGradGetWorkspaceSize = nullptr;
@@ -40,15 +49,27 @@ struct AclApi {
   AclnnLaunchFn aclnnFlashAttentionUnpaddingScoreGrad = nullptr;
 };
 
+// The operators jax_rope calls, by their aclnn name.
+inline constexpr const char* kOperators[] = {
+    "aclnnApplyRotaryPosEmbV2",       "aclnnApplyRotaryPosEmbGrad",
+    "aclnnFlashAttentionScore",       "aclnnFlashAttentionVarLenScore",
+    "aclnnFlashAttentionScoreGrad",   "aclnnFlashAttentionUnpaddingScoreGrad"};
+
 struct RuntimeState {
-  bool available = false;
-  std::string detail;    // where the libraries came from, or why they did not load
-  std::string soc_name;  // from aclrtGetSocName, empty when unknown
+  bool available = false;  // libascendcl and libnnopbase loaded with every entry point
+  std::string detail;      // where the libraries came from, or why they did not load
+  std::string soc_name;    // from aclrtGetSocName, empty when unknown
+  std::string acl_library; // the path libascendcl was loaded from
+  // (operator, library that defines it, "" when no library has it)
+  std::vector<std::pair<std::string, std::string>> operators;
   AclApi api;
 };
 
 // Loaded once, on first use (thread-safe); never unloaded.
 const RuntimeState& Runtime();
+
+// The library `op` (an aclnn name) was resolved from, or "" when it is missing.
+std::string OperatorLibrary(const std::string& op);
 
 // The most recent ACL error text (aclGetRecentErrMsg), or "" when none.
 std::string RecentErrorMessage();

@@ -36,7 +36,8 @@ std::string RopeForward(const Device& device, const DeviceTensor& query, const D
                         const DeviceTensor& query_out, const DeviceTensor& key_out,
                         Layout layout, RotaryMode mode);
 
-// ApplyRotaryPosEmbGrad (half mode). query/key (and dcos/dsin) may be null.
+// ApplyRotaryPosEmbGrad (half mode). query/key and dcos/dsin may be null
+// (then the operator's required gradCos/gradSin go to scratch memory).
 std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
                          const DeviceTensor& grad_key, const DeviceTensor& cos,
                          const DeviceTensor& sin, const DeviceTensor* query,

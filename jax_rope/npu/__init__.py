@@ -1,11 +1,12 @@
-"""The Ascend NPU: chip profiles as data (`profiles`), what they cover
-(`coverage`), and the runtime, platform and handler registration (`runtime`).
-The NPU lowering itself is part of each primitive's definition
-(rope/primitives.py, attention/primitives.py)."""
+"""The Ascend NPU: chip profiles as data (`profiles`), CANN generations
+(`cann`), what they cover (`coverage`), and the runtime, platform and handler
+registration (`runtime`). The NPU lowering itself is part of each primitive's
+definition (rope/primitives.py, attention/primitives.py)."""
 
 from jax_rope.npu.profiles import PROFILES, Profile, profile_for_soc
-from jax_rope.npu.runtime import (PLATFORM, current_profile, describe,
-                                  enable_lowering_without_device, runtime)
+from jax_rope.npu.runtime import (PLATFORM, current_cann, current_profile, describe,
+                                  enable_lowering_without_device, kernels_unavailable,
+                                  missing_operator, runtime)
 
 ROPE_FWD, ROPE_BWD, ROPE_BWD_NO_INPUTS = (
     "jax_rope_npu_rope_fwd", "jax_rope_npu_rope_bwd", "jax_rope_npu_rope_bwd_no_inputs")
@@ -16,5 +17,6 @@ FFI_TARGETS = (ROPE_FWD, ROPE_BWD, ROPE_BWD_NO_INPUTS, ATTENTION_FWD, ATTENTION_
 STATS_WIDTH = 8
 
 __all__ = ["ATTENTION_BWD", "ATTENTION_FWD", "FFI_TARGETS", "PLATFORM", "PROFILES", "Profile",
-           "ROPE_BWD", "ROPE_BWD_NO_INPUTS", "ROPE_FWD", "STATS_WIDTH", "current_profile",
-           "describe", "enable_lowering_without_device", "profile_for_soc", "runtime"]
+           "ROPE_BWD", "ROPE_BWD_NO_INPUTS", "ROPE_FWD", "STATS_WIDTH", "current_cann",
+           "current_profile", "describe", "enable_lowering_without_device",
+           "kernels_unavailable", "missing_operator", "profile_for_soc", "runtime"]

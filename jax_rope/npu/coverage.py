@@ -1,26 +1,39 @@
-"""Whether a chip profile's NPU kernel covers a call: None when it does, else
-the reason (shown in errors under the "ffi" backend)."""
+"""Whether the NPU kernel covers a call on a chip profile with a CANN
+generation: None when it does, else the reason (shown in errors under the
+"ffi" backend). Operator availability is asked of `runtime` by the caller."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_rope.npu.profiles import Profile
+from jax_rope.npu.cann import Generation
+from jax_rope.npu.profiles import Profile, rope_ub_required
 
 
-def rope_forward_gap(p: Profile, options, query, key, cos) -> str | None:
+def rope_forward_gap(p: Profile, gen: Generation, options, query, key, cos) -> str | None:
     roles = options.roles
     head_dim, rotary_dim = query.shape[-1], cos.shape[-1]
     if options.layout not in p.rope_fwd_layouts:
         return f"layout {options.layout} (profile {p.name}: {'/'.join(p.rope_fwd_layouts)})"
+    if options.rotary_mode not in p.rope_modes:
+        # The A2/A3/310P kernel never reads rotary_mode: it would compute half.
+        return (f"rotary_mode {options.rotary_mode!r} (profile {p.name} computes "
+                f"{'/'.join(p.rope_modes)} only)")
     if jnp.dtype(query.dtype) not in p.rope_dtypes:
         return f"dtype {jnp.dtype(query.dtype).name} on profile {p.name}"
     if p.rope_dims is not None and (head_dim not in p.rope_dims or rotary_dim not in p.rope_dims):
         return f"head dim {head_dim} / rotary dim {rotary_dim} not in {set(p.rope_dims)}"
     if head_dim > p.rope_max_dim:
         return f"head dim {head_dim} > {p.rope_max_dim}"
-    if p.rope_max_heads and query.shape[roles.head] + key.shape[roles.head] > p.rope_max_heads:
+    if rotary_dim != head_dim and not gen.partial_rotary:
+        return (f"partial rotary (r={rotary_dim} < D={head_dim}): CANN {gen.version} needs "
+                "cos D == query D")
+    heads = query.shape[roles.head] + key.shape[roles.head]
+    if p.rope_max_heads and heads > p.rope_max_heads:
         return f"Nq + Nk > {p.rope_max_heads}"
+    if p.rope_ub_bytes and rope_ub_required(heads, query.dtype) > p.rope_ub_bytes:
+        return (f"Nq + Nk = {heads} needs {rope_ub_required(heads, query.dtype)} bytes of UB "
+                f"per token, more than profile {p.name}'s {p.rope_ub_bytes}")
     if p.rope_cos_batch_full and roles.batch is not None and \
             cos.shape[roles.batch] != query.shape[roles.batch]:
         return "cos batch 1 with query batch > 1 (profile needs equal batches)"

@@ -18,7 +18,7 @@ from jax_rope import npu
 from jax_rope.core import batching, extension
 from jax_rope.core.partitioning import FactorMap, axis_factors
 from jax_rope.core.primitive import Kernel, define_primitive
-from jax_rope.npu import coverage
+from jax_rope.npu import cann, coverage
 from jax_rope.rope import fallback
 from jax_rope.rope.options import RopeOptions
 
@@ -117,11 +117,18 @@ def _npu_lowering(target_of):
 
 
 def _npu_forward_gap(options, avals_in):
+    missing = npu.missing_operator(cann.ROPE_V2)
+    if missing is not None:
+        return missing
     query, key, cos, _ = avals_in
-    return coverage.rope_forward_gap(npu.current_profile()[0], options, query, key, cos)
+    return coverage.rope_forward_gap(npu.current_profile()[0], npu.current_cann()[0], options,
+                                     query, key, cos)
 
 
 def _npu_backward_gap(options, avals_in):
+    missing = npu.missing_operator(cann.ROPE_GRAD)
+    if missing is not None:
+        return missing
     grad_query, _, cos = avals_in[:3]
     return coverage.rope_backward_gap(npu.current_profile()[0], options, grad_query, cos)
 
@@ -129,7 +136,7 @@ def _npu_backward_gap(options, avals_in):
 def _kernels(cpu_target, npu_target, npu_gap):
     return (Kernel("cpu", _cpu_lowering(cpu_target), unavailable=extension.kernels_unavailable),
             Kernel(npu.PLATFORM, _npu_lowering(npu_target), npu_gap,
-                   unavailable=extension.kernels_unavailable))
+                   unavailable=npu.kernels_unavailable))
 
 
 # --- partitioning -------------------------------------------------------------

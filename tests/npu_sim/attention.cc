@@ -1,11 +1,13 @@
 // The simulated FlashAttentionScore family: every argument checked against the
 // documented contract of aclnnFlashAttentionScore / ...ScoreGrad / ...VarLenScore
-// / ...UnpaddingScoreGrad (CANN ops-transformer docs, torch_npu's calls) as far
-// as jax_rope's glue uses it, then computed with jax_rope's CPU attention
-// kernels over a band table built from sparseMode, preTokens/nextTokens,
-// prefix and the sequence lengths exactly as jax_rope/attention/masks.py builds it.
-// What the glue never passes (pse, dropout, padding mask, element masks with
-// TND) is rejected as "not simulated" rather than guessed.
+// / ...UnpaddingScoreGrad (CANN ops-transformer docs and sources, torch_npu's
+// calls) as far as jax_rope's glue uses it, then planned for jax_rope's CPU
+// attention kernels (attention_compute.cc) over a band table built from
+// sparseMode, preTokens/nextTokens, prefix and the sequence lengths as the
+// operator applies them: in mode 0 with a mask only the mask (the band only
+// skips blocks); mode 5 with B > 1 only with a B1SS/BNSS mask; the varlen
+// statistics as [N1, T, 8]. What the glue never passes (pse, dropout, padding
+// mask, element masks with TND) is rejected as "not simulated" rather than guessed.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -19,11 +21,6 @@ namespace jax_rope_sim {
 
 using jax_rope::cpu::SequenceBand;
 
-struct AttentionPlan {
-  AttentionArgs a;
-  jax_rope::cpu::AttentionGeometry g;
-  std::vector<SequenceBand> seqs;
-};
 
 namespace {
 
@@ -186,6 +183,10 @@ std::string CheckMaskAndBands(const AttentionArgs& a, const Sizes& s, AttentionP
   } else if (mode == 1 || mode == 5) {
     return "sparseMode " + S(mode) + " needs the caller's attenMask";
   }
+  if (mode == 5 && s.batch != 1 && (m->dims.size() != 4 || m->dims[0] != s.batch)) {
+    return "Prefix mode get invalid atten_mask shape, should be [BNSS] or [B1SS], got " + Shape(m);
+  }
+  p->invalid_line = a.inner_precise == 2 || !(mode == 1 || mode == 5 || (mode == 0 && m != nullptr));
   // prefix: modes 5 and 6 only, one entry per batch.
   const bool wants_prefix = mode == 5 || mode == 6;
   const size_t batch = p->seqs.size();
@@ -205,8 +206,9 @@ std::string CheckMaskAndBands(const AttentionArgs& a, const Sizes& s, AttentionP
     int64_t lo = -kUnlimited, hi = kUnlimited, floor = -kUnlimited;
     std::string band;
     if (mode == 0 && m != nullptr) {
+      // The operator applies only the mask element by element; pre/next only
+      // let it skip whole blocks ("attenMask must match preTokens/nextTokens").
       band = CheckBand(a.pre_tokens, a.next_tokens, sq, skv);
-      lo = -pre, hi = nxt;
     } else if (mode == 2) {
       hi = 0;
     } else if (mode == 3) {
@@ -287,7 +289,9 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
   // Outputs (forward) or saved forward results (backward).
   std::vector<int64_t> out_dims = a.query->dims;
   out_dims.back() = (layout == "BSH" || layout == "SBH") ? s.n1 * s.dv : s.dv;
-  const std::vector<int64_t> stats = a.varlen ? std::vector<int64_t>{s.q_rows, s.n1, kStats}
+  // VarLen: [N, T, 8] in the operator's docs, per batch [N1, S_b, 8] blocks
+  // in its kernel (the NTD order); the same element count as (T, N1, 8).
+  const std::vector<int64_t> stats = a.varlen ? std::vector<int64_t>{s.n1, s.q_rows, kStats}
                                               : std::vector<int64_t>{s.batch, s.n1, s.q_rows, kStats};
   if (auto e = Require(a.softmax_max, stats, kAclFloat, "softmaxMax"); !e.empty()) return e;
   if (auto e = Require(a.softmax_sum, stats, kAclFloat, "softmaxSum"); !e.empty()) return e;
@@ -314,38 +318,11 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
   g.k = StridesOf(s.k_view, s.kernel_layout);
   g.v = StridesOf(s.v_view, s.kernel_layout);
   g.out = StridesOf(s.out_view, s.kernel_layout);
-  g.stats = a.varlen ? jax_rope::Strides{0, s.n1 * kStats, kStats}
+  p->n1 = s.n1;
+  p->q_rows = s.q_rows;
+  g.stats = a.varlen ? jax_rope::Strides{0, s.n1 * kStats, kStats}  // a (T, N1, 8) scratch
                      : jax_rope::Strides{s.n1 * s.q_rows * kStats, kStats, s.q_rows * kStats};
   return CheckMaskAndBands(a, s, p);
-}
-
-template <typename T>
-void Compute(const AttentionPlan& p) {
-  const AttentionArgs& a = p.a;
-  auto P = [](const Tensor* t) { return static_cast<T*>(t->data); };
-  auto F = [](const Tensor* t) { return static_cast<float*>(t->data); };
-  const auto& g = p.g;
-  const SequenceBand* seqs = p.seqs.data();
-  const int64_t rows = jax_rope::cpu::ForwardWorkItems(g, seqs);
-  if (!a.backward) {
-    std::memset(a.attention->data, 0, a.attention->elements() * sizeof(T));
-    std::fill(F(a.softmax_max), F(a.softmax_max) + a.softmax_max->elements(), jax_rope::cpu::kMaskValue);
-    std::fill(F(a.softmax_sum), F(a.softmax_sum) + a.softmax_sum->elements(), jax_rope::cpu::kDeadRowSum);
-    jax_rope::cpu::AttentionForwardArgs<T> args{P(a.query), P(a.key), P(a.value), P(a.attention),
-                                                F(a.softmax_max), F(a.softmax_sum)};
-    jax_rope::cpu::AttentionForward(g, seqs, args, 0, rows);
-    for (float* x : {F(a.softmax_max), F(a.softmax_sum)}) {  // the 8 copies
-      for (int64_t r = 0; r < a.softmax_max->elements(); r += kStats) std::fill(x + r + 1, x + r + kStats, x[r]);
-    }
-    return;
-  }
-  for (const Tensor* t : {a.dq, a.dk, a.dv}) std::memset(t->data, 0, t->elements() * sizeof(T));
-  jax_rope::cpu::AttentionBackwardArgs<T> args{P(a.query), P(a.key), P(a.value), P(a.attention), P(a.dy),
-                                               F(a.softmax_max), F(a.softmax_sum), P(a.dq), P(a.dk), P(a.dv)};
-  std::vector<float> delta(a.softmax_max->elements(), 0.0f);
-  jax_rope::cpu::AttentionRowDelta(g, seqs, args, delta.data(), 0, rows);
-  jax_rope::cpu::AttentionBackwardKeyValue(g, seqs, args, delta.data(), 0, jax_rope::cpu::KeyBlockWorkItems(g, seqs));
-  jax_rope::cpu::AttentionBackwardQuery(g, seqs, args, delta.data(), 0, rows);
 }
 
 }  // namespace
@@ -356,14 +333,6 @@ std::string PlanAttention(const AttentionArgs& args, std::shared_ptr<AttentionPl
   if (std::string e = Check(args, p.get(), null_argument); !e.empty()) return std::string(args.op) + ": " + e;
   *plan = std::move(p);
   return "";
-}
-
-void RunAttention(const AttentionPlan& plan) {
-  switch (plan.a.query->dtype) {
-    case kAclFloat: Compute<float>(plan); break;
-    case kAclFloat16: Compute<jax_rope::cpu::Float16>(plan); break;
-    default: Compute<jax_rope::cpu::BFloat16>(plan); break;
-  }
 }
 
 std::vector<const Tensor*> PlanTensors(const AttentionPlan& plan) {

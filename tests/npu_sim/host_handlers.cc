@@ -5,6 +5,7 @@
 // and registers these symbols for platform "cpu" under the NPU target names,
 // so the NPU lowering runs the real launch glue against the simulated CANN.
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "xla_ffi/npu_handler_bodies.h"
@@ -30,6 +31,10 @@ struct HostContext {
 
   HostContext() {
     device.workspace = [this](uint64_t bytes) -> void* {
+      // A test hook: JAX_ROPE_NPU_HOST_WORKSPACE_LIMIT makes larger requests
+      // fail, as XLA's scratch allocator can.
+      const char* limit = std::getenv("JAX_ROPE_NPU_HOST_WORKSPACE_LIMIT");
+      if (limit != nullptr && bytes > std::strtoull(limit, nullptr, 10)) return nullptr;
       blocks.emplace_back(bytes);
       return blocks.back().data();
     };

@@ -1,12 +1,48 @@
 // Shared by the simulated CANN runtime's translation units (tests only).
+//
+// The simulator is several libraries, laid out by the contract tests like a
+// CANN install of one generation: the core (sim_core.cc: libascendcl and
+// libnnopbase, with the descriptor and executor bookkeeping every library
+// shares) and the operator libraries (sim_ops.cc + attention.cc, compiled once
+// per generation with JAX_ROPE_SIM_CANN = 80, 85 or 90), each exporting only
+// the aclnn entry points its generation has.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "device_kernels/cpu/attention_kernels.h"
+
+#define JAX_ROPE_SIM_EXPORT __attribute__((visibility("default")))
+
 namespace jax_rope_sim {
+
+// --- the core's shared state (sim_core.cc) ----------------------------------------
+
+// An executor made by an operator library; the core frees it on
+// aclDestroyAclOpExecutor.
+struct ExecutorBase {
+  virtual ~ExecutorBase() = default;
+};
+
+struct State {
+  std::mutex mutex;
+  std::set<const void*> tensors, arrays, executors;
+  std::string error;
+  int live_tensors = 0;
+  int generation = 0;  // CANN generation x 10 (80, 85, 90), set by the operator libraries
+};
+JAX_ROPE_SIM_EXPORT State& Shared();
+// The SoC aclrtGetSocName reports (JAX_ROPE_SIM_SOC; default Ascend910B2).
+JAX_ROPE_SIM_EXPORT std::string Soc();
+
+// Chip families as the operators' product tables group them.
+enum class Chip { kA2A3, k310P, k950, kUnsupported };
+JAX_ROPE_SIM_EXPORT Chip ChipOf(const std::string& soc);
 
 // What an aclTensor handle points at: a dense row-major ND view.
 struct Tensor {
@@ -42,10 +78,22 @@ struct AttentionArgs {
   int64_t pre_tokens = 0, next_tokens = 0, head_num = 0;
   const char* layout = nullptr;
   int64_t inner_precise = 0, sparse_mode = 0;
+  int generation = 0;
 };
 
-// A checked call, ready to run with jax_rope's CPU attention kernels.
-struct AttentionPlan;
+// A checked call, ready to run with jax_rope's CPU attention kernels
+// (attention.cc plans it, attention_compute.cc runs it).
+struct AttentionPlan {
+  AttentionArgs a;
+  jax_rope::cpu::AttentionGeometry g;
+  std::vector<jax_rope::cpu::SequenceBand> seqs;
+  // The tiling's "invalid line" mode: only with it do fully masked rows get
+  // 0 / -FLT_MAX / FLT_MAX. innerPrecise=2 forces it; the tiling turns it on
+  // by itself for band, rightDown and prefix geometries, not where a user
+  // mask alone kills a row (modes 0 with a mask, 1, 5).
+  bool invalid_line = true;
+  int64_t n1 = 0, q_rows = 0;  // for the varlen statistics' NTD order
+};
 
 // "" and a plan when the call keeps the documented contract, else why not;
 // *null_argument tells ACLNN_ERR_PARAM_NULLPTR from ACLNN_ERR_PARAM_INVALID.

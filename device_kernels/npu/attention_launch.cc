@@ -1,0 +1,303 @@
+// See launch.h: the FlashAttentionScore family. Layouts are read through
+// their axis roles (layout_roles.h); jax_rope's layout codes are the
+// operators' inputLayout codes, so they pass through as they are.
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "device_kernels/common/layout_roles.h"
+#include "device_kernels/npu/acl_runtime.h"
+#include "device_kernels/npu/launch.h"
+#include "device_kernels/npu/launch_internal.h"
+
+namespace jax_rope::npu {
+
+using internal::Descriptors;
+using internal::Failure;
+using internal::Launch;
+using internal::Missing;
+
+namespace {
+
+constexpr int kTableColumns = 7;  // q_start, q_len, kv_start, kv_len, lo, hi, floor
+
+// The compressed masks, built once per device and mode family and kept for the
+// life of the process: 2048x2048 M0[r][c] = c > r, and the 3072x2048 prefix mask.
+std::string CompressedMask(const Device& device, SparseMode sparse_mode, DeviceTensor* mask) {
+  static std::mutex mutex;
+  static std::map<std::pair<int32_t, bool>, void*> cache;
+  const AclApi& api = Runtime().api;
+  const bool prefix = sparse_mode == SparseMode::kPrefixCompress;
+  const int64_t rows = prefix ? 3072 : 2048, cols = 2048;
+  int32_t device_id = 0;
+  api.aclrtGetDevice(&device_id);
+  std::lock_guard<std::mutex> lock(mutex);
+  void*& data = cache[{device_id, prefix}];
+  if (data == nullptr) {
+    std::vector<uint8_t> host(rows * cols, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        host[r * cols + c] = r < 2048 ? (c > r) : (c >= 1024);
+      }
+    }
+    void* buffer = nullptr;
+    if (aclError e = api.aclrtMalloc(&buffer, host.size(), kAclMemMallocHugeFirst); e != 0) {
+      return Failure("aclrtMalloc (compressed mask)", e);
+    }
+    if (aclError e = api.aclrtMemcpy(buffer, host.size(), host.data(), host.size(),
+                                     kAclMemcpyHostToDevice); e != 0) {
+      return Failure("aclrtMemcpy (compressed mask)", e);
+    }
+    data = buffer;
+  }
+  *mask = DeviceTensor{data, {rows, cols}, kAclUint8};
+  return "";
+}
+
+struct HostTable {
+  std::vector<int32_t> rows;
+  int64_t batch = 0;
+  std::vector<int64_t> column(int c, int add = -1) const {
+    std::vector<int64_t> out;
+    for (int64_t b = 0; b < batch; ++b) {
+      const int32_t* row = &rows[b * kTableColumns];
+      out.push_back(add < 0 ? row[c] : int64_t{row[c]} + row[add]);
+    }
+    return out;
+  }
+};
+
+// The table to the host: CANN 8.0/8.1 document an asynchronous device-to-host
+// copy as undefined unless the destination comes from aclrtMallocHost (page
+// locked, 64-byte aligned), so the copy lands there first.
+std::string ReadTable(const Device& device, const DeviceTensor& table, HostTable* host) {
+  const AclApi& api = Runtime().api;
+  host->batch = table.dims[0];
+  host->rows.resize(host->batch * kTableColumns);
+  const size_t bytes = host->rows.size() * sizeof(int32_t);
+  void* pinned = nullptr;
+  if (aclError e = api.aclrtMallocHost(&pinned, bytes); e != 0 || pinned == nullptr) {
+    return Failure("aclrtMallocHost (sequence table)", e);
+  }
+  std::unique_ptr<void, AclrtFreeHostFn> owner(pinned, api.aclrtFreeHost);
+  if (aclError e = api.aclrtMemcpyAsync(pinned, bytes, table.data, bytes, kAclMemcpyDeviceToHost,
+                                        device.stream); e != 0) {
+    return Failure("aclrtMemcpyAsync (sequence table)", e);
+  }
+  if (aclError e = api.aclrtSynchronizeStream(device.stream); e != 0) {
+    return Failure("aclrtSynchronizeStream", e);
+  }
+  std::memcpy(host->rows.data(), pinned, bytes);
+  return "";
+}
+
+// Everything both directions share: how the tensors go, the mask, host lists.
+struct AttentionCall {
+  std::string layout;        // the operators' inputLayout
+  bool as_sbh = false;       // the operators have no SBND: (S, B, N * D) as SBH
+  bool varlen = false;       // no batch axis (TND): the VarLen operators
+  int64_t head_num = 0;
+  DeviceTensor mask;
+  bool use_mask = false;
+  std::vector<int64_t> prefix, q_ends, kv_ends;
+  // 2 turns on the operator's "invalid line" handling, which gives fully
+  // masked rows the spec's 0 / -FLT_MAX / FLT_MAX; the tiling turns it on by
+  // itself only for band, rightDown and prefix geometries, not for rows a
+  // user mask kills (modes 0, 1, 5). TND takes no element mask here.
+  int64_t inner_precise = 0;
+  // The reserved outputs softmaxOutOut and dpseOut are required (not
+  // "Optional"): like torch_npu, pass an empty tensor of query's dtype.
+  DeviceTensor empty;
+};
+
+// The host copy of the table holds what traced lengths and prefixes became:
+// refuse what the Python side would refuse at trace time (the values were not
+// known then, and the jnp fallback's host check does not exist on the NPU).
+std::string CheckTable(const HostTable& host, bool varlen, bool prefix, int64_t q_rows,
+                       int64_t kv_rows) {
+  int64_t q_end = 0, kv_end = 0;
+  for (int64_t b = 0; b < host.batch; ++b) {
+    const int32_t* r = &host.rows[b * kTableColumns];
+    const int64_t q0 = r[0], q_len = r[1], kv0 = r[2], kv_len = r[3];
+    if (varlen && (q0 != q_end || q_len < 0 || q0 + q_len > q_rows || kv0 != kv_end ||
+                   kv_len < 0 || kv0 + kv_len > kv_rows)) {
+      return "actual_seq_qlen/actual_seq_kvlen must be non-decreasing cumulative ends within "
+             "Tq/Tkv (sequence " + std::to_string(b) + ")";
+    }
+    q_end = q0 + q_len;
+    kv_end = kv0 + kv_len;
+    const int64_t p = int64_t{r[6]} + 1;  // hi_floor = prefix - 1
+    if (prefix && (p < std::max<int64_t>(kv_len - q_len, 0) || p > kv_len)) {
+      return "prefix[" + std::to_string(b) + "] must be in [max(Skv - Sq, 0), Skv], got " +
+             std::to_string(p);
+    }
+  }
+  return "";
+}
+
+std::string Prepare(const Device& device, const AttentionConfig& config, const DeviceTensor& query,
+                    const DeviceTensor& key, const DeviceTensor& table, const DeviceTensor* mask,
+                    AttentionCall* call) {
+  const AxisRoles roles = LayoutRoles(config.layout);
+  call->as_sbh = config.layout == Layout::kSBND;
+  call->layout = call->as_sbh ? "SBH" : NameOf(config.layout, kLayouts);
+  call->varlen = roles.batch < 0;
+  call->head_num = query.dims[roles.head];
+  call->empty = DeviceTensor{nullptr, {0}, query.dtype};
+  const SparseMode mode = config.sparse_mode;
+  if (NeedsCompressedMask(mode)) {
+    if (auto e = CompressedMask(device, mode, &call->mask); !e.empty()) return e;
+    call->use_mask = true;
+  } else if (config.has_mask && mask != nullptr) {
+    call->mask = *mask;
+    call->use_mask = true;
+    if (!call->varlen) call->inner_precise = 2;
+  }
+  if (TakesPrefix(mode) || call->varlen) {
+    HostTable host;
+    if (auto e = ReadTable(device, table, &host); !e.empty()) return e;
+    if (auto e = CheckTable(host, call->varlen, TakesPrefix(mode), query.dims[roles.seq],
+                            key.dims[roles.seq]);
+        !e.empty()) {
+      return e;
+    }
+    if (TakesPrefix(mode)) {
+      call->prefix = host.column(6);
+      for (int64_t& p : call->prefix) p += 1;  // hi_floor = prefix - 1
+    }
+    if (call->varlen) {
+      call->q_ends = host.column(0, 1);
+      call->kv_ends = host.column(2, 3);
+    }
+  }
+  return "";
+}
+
+// A descriptor of query, key, value, out or one of their gradients.
+aclTensor* Operand(Descriptors& d, const AttentionCall& call, const DeviceTensor& t) {
+  if (!call.as_sbh) return d.Tensor(&t);
+  return d.Tensor(&t, {t.dims[0], t.dims[1], t.dims[2] * t.dims[3]});
+}
+
+// The descriptors both directions pass (q_ends/kv_ends: varlen only).
+struct AttentionDescriptors {
+  aclTensor *query, *key, *value, *out, *mask, *softmax_max, *softmax_sum, *empty;
+  aclIntArray *prefix, *q_ends = nullptr, *kv_ends = nullptr;
+};
+
+std::string Describe(Descriptors& d, const AttentionCall& call, const DeviceTensor& query,
+                     const DeviceTensor& key, const DeviceTensor& value, const DeviceTensor& out,
+                     const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum,
+                     AttentionDescriptors* t) {
+  t->query = Operand(d, call, query);
+  t->key = Operand(d, call, key);
+  t->value = Operand(d, call, value);
+  t->out = Operand(d, call, out);
+  t->mask = call.use_mask ? d.Tensor(&call.mask) : nullptr;
+  t->softmax_max = d.Tensor(&softmax_max);
+  t->softmax_sum = d.Tensor(&softmax_sum);
+  t->empty = d.Tensor(&call.empty);
+  t->prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
+  if (!d.ok()) return Failure("aclCreateTensor", -1);
+  if (call.varlen) {
+    t->q_ends = d.IntArray(call.q_ends);
+    t->kv_ends = d.IntArray(call.kv_ends);
+    if (!d.ok()) return Failure("aclCreateIntArray", -1);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string AttentionForward(const Device& device, const AttentionConfig& config,
+                             const DeviceTensor& query, const DeviceTensor& key,
+                             const DeviceTensor& value, const DeviceTensor& table,
+                             const DeviceTensor* mask, const DeviceTensor& out,
+                             const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum) {
+  const bool varlen = LayoutRoles(config.layout).batch < 0;
+  if (auto e = Missing(varlen ? "aclnnFlashAttentionVarLenScore" : "aclnnFlashAttentionScore");
+      !e.empty()) {
+    return e;
+  }
+  const AclApi& api = Runtime().api;
+  AttentionCall call;
+  if (auto e = Prepare(device, config, query, key, table, mask, &call); !e.empty()) return e;
+  Descriptors d(api);
+  AttentionDescriptors t;
+  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
+      !e.empty()) {
+    return e;
+  }
+  const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
+  uint64_t workspace_size = 0;
+  aclOpExecutor* executor = nullptr;
+  if (call.varlen) {
+    aclnnStatus status = api.aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
+        t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, t.q_ends,
+        t.kv_ends, config.scale, 1.0, config.pre_tokens, config.next_tokens, call.head_num,
+        call.layout.data(), call.inner_precise, sparse_mode, t.softmax_max, t.softmax_sum,
+        t.empty, t.out,
+        &workspace_size, &executor);
+    return Launch(device, "aclnnFlashAttentionVarLenScore", status, workspace_size, executor,
+                  api.aclnnFlashAttentionVarLenScore);
+  }
+  aclnnStatus status = api.aclnnFlashAttentionScoreGetWorkspaceSize(
+      t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, config.scale, 1.0,
+      config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), call.inner_precise,
+      sparse_mode,
+      t.softmax_max, t.softmax_sum, t.empty, t.out, &workspace_size, &executor);
+  return Launch(device, "aclnnFlashAttentionScore", status, workspace_size, executor,
+                api.aclnnFlashAttentionScore);
+}
+
+std::string AttentionBackward(const Device& device, const AttentionConfig& config,
+                              const DeviceTensor& query, const DeviceTensor& key,
+                              const DeviceTensor& value, const DeviceTensor& out,
+                              const DeviceTensor& dout, const DeviceTensor& softmax_max,
+                              const DeviceTensor& softmax_sum, const DeviceTensor& table,
+                              const DeviceTensor* mask, const DeviceTensor& dquery,
+                              const DeviceTensor& dkey, const DeviceTensor& dvalue) {
+  const bool varlen = LayoutRoles(config.layout).batch < 0;
+  if (auto e = Missing(varlen ? "aclnnFlashAttentionUnpaddingScoreGrad"
+                              : "aclnnFlashAttentionScoreGrad");
+      !e.empty()) {
+    return e;
+  }
+  const AclApi& api = Runtime().api;
+  AttentionCall call;
+  if (auto e = Prepare(device, config, query, key, table, mask, &call); !e.empty()) return e;
+  Descriptors d(api);
+  aclTensor* dy = Operand(d, call, dout);
+  aclTensor* dq = Operand(d, call, dquery);
+  aclTensor* dk = Operand(d, call, dkey);
+  aclTensor* dv = Operand(d, call, dvalue);
+  AttentionDescriptors t;
+  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
+      !e.empty()) {
+    return e;
+  }
+  const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
+  uint64_t workspace_size = 0;
+  aclOpExecutor* executor = nullptr;
+  if (call.varlen) {
+    aclnnStatus status = api.aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
+        t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
+        t.softmax_sum, nullptr, t.out, t.prefix, t.q_ends, t.kv_ends, config.scale, 1.0,
+        config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(),
+        call.inner_precise, sparse_mode, dq, dk, dv, t.empty, &workspace_size, &executor);
+    return Launch(device, "aclnnFlashAttentionUnpaddingScoreGrad", status, workspace_size,
+                  executor, api.aclnnFlashAttentionUnpaddingScoreGrad);
+  }
+  aclnnStatus status = api.aclnnFlashAttentionScoreGradGetWorkspaceSize(
+      t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
+      t.softmax_sum, nullptr, t.out, t.prefix, config.scale, 1.0, config.pre_tokens,
+      config.next_tokens, call.head_num, call.layout.data(), call.inner_precise, sparse_mode, dq,
+      dk, dv,
+      t.empty, &workspace_size, &executor);
+  return Launch(device, "aclnnFlashAttentionScoreGrad", status, workspace_size, executor,
+                api.aclnnFlashAttentionScoreGrad);
+}
+
+}  // namespace jax_rope::npu
