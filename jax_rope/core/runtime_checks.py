@@ -14,17 +14,24 @@ cannot (describe() says so).
 
 Cost: one host round trip per operator call with traced values (tens of
 microseconds on CPU; a device synchronisation on accelerators). Host callbacks
-cannot be serialised by jax.export: switch the checks off with
-`jax_rope.runtime_checks(False)` (a context manager), `set_runtime_checks`,
-or JAX_ROPE_RUNTIME_CHECKS=off. The setting is part of the jit cache key.
+cannot be serialised by jax.export, which then fails saying so: switch the
+checks off with `jax_rope.runtime_checks(False)` (a context manager),
+`set_runtime_checks`, or JAX_ROPE_RUNTIME_CHECKS=off. The setting is part of
+the jit cache key.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir, xla
 
 from jax_rope.core import _jax_shim
+from jax_rope.core import batching as batching_helpers
 
 #: Platforms whose PJRT backends run host callbacks.
 CALLBACK_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -60,18 +67,68 @@ def checked(values: tuple, check) -> tuple:
     as NumPy arrays)` runs on the host before anything that uses them (see module doc)."""
     if not enabled() or not any(is_traced(v) for v in values):
         return tuple(values)
-    values = tuple(jax.numpy.asarray(v) for v in values)
+    return tuple(host_check_p.bind(*(jax.numpy.asarray(v) for v in values), check=check))
+
+
+# --- the primitive: a pure_callback that jax.export refuses with a clear message ----------
+
+EXPORT_HINT = ("jax_rope checks traced lengths/prefixes/positions on the host when the call "
+               "runs (a host callback), which jax.export cannot serialise: export inside "
+               "`with jax_rope.runtime_checks(False):` (or set JAX_ROPE_RUNTIME_CHECKS=off)")
+
+host_check_p = Primitive("jax_rope_host_check")
+host_check_p.multiple_results = True
+host_check_p.def_impl(functools.partial(xla.apply_primitive, host_check_p))
+host_check_p.def_abstract_eval(lambda *avals, check: avals)
+
+
+def _with_callback(*values, check):
     shapes = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in values)
 
     def host(*arrays):
         check(*(np.asarray(a) for a in arrays))
         return tuple(np.asarray(a) for a in arrays)
 
-    def with_callback(*xs):
+    def callback(*xs):
         return jax.pure_callback(host, shapes, *xs, vmap_method="sequential")
 
-    branches = {platform: with_callback for platform in CALLBACK_PLATFORMS}
+    branches = {platform: callback for platform in CALLBACK_PLATFORMS}
     return tuple(jax.lax.platform_dependent(*values, **branches, default=lambda *xs: xs))
+
+
+def _lowering(ctx, *args, check):
+    if ctx.module_context.lowering_parameters.for_export:
+        raise ValueError(EXPORT_HINT)
+    return mlir.lower_fun(functools.partial(_with_callback, check=check),
+                          multiple_results=True)(ctx, *args)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PerExample:
+    """A check of unbatched values, run on each example of a vmapped batch (axis 0)."""
+
+    check: object
+
+    def __call__(self, *arrays):
+        for i in range(arrays[0].shape[0]):
+            self.check(*(a[i] for a in arrays))
+
+
+def _batching(args, dims, *, check):
+    size = batching_helpers.mapped_size(args, dims)
+    moved = [batching_helpers.moved(x, d, 0, size) for x, d in zip(args, dims)]
+    outs = host_check_p.bind(*moved, check=_PerExample(check))
+    return outs, [0] * len(outs)
+
+
+def _jvp(primals, tangents, *, check):  # integer values: no tangents to carry
+    outs = host_check_p.bind(*primals, check=check)
+    return outs, [ad.Zero.from_primal_value(o) for o in outs]
+
+
+mlir.register_lowering(host_check_p, _lowering)
+batching.primitive_batchers[host_check_p] = _batching
+ad.primitive_jvps[host_check_p] = _jvp
 
 
 def fits_int32(name: str, x):

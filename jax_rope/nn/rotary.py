@@ -57,7 +57,7 @@ class RotaryEmbedding(nnx.Module):
     def from_config(cls, config, *, dtype=None) -> "RotaryEmbedding":
         """From a Hugging Face config as it is (dict or object), through `jr.rope_config`;
         `dtype` overrides the table dtype."""
-        from jax_rope.rope.config import rope_config  # the HF-config reader of issue 15
+        from jax_rope.rope.config import rope_config
 
         kwargs = dict(rope_config(config))
         if dtype is not None:
