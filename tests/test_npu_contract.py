@@ -54,7 +54,10 @@ def checks_for(chip, gen):
         names += ["wrong_call_directly_is_rejected",
                   "executor_freed_when_workspace_allocation_fails"]
     if chip in ("A2", "A3"):
-        names.append("attention_wrong_calls_directly_are_rejected")
+        names += ["attention_wrong_calls_directly_are_rejected",
+                  "a2_backward_uses_rotary_position_embedding_grad"]
+    if chip in ("A2", "A3") and gen >= 85:
+        names.append("rotary_position_embedding_grad_wrong_calls_are_rejected")
     if chip == "unsupported":
         names.append("w12_unsupported_soc_takes_the_fallback")
     return names

@@ -80,15 +80,66 @@ def test_rope_forward_and_backward_targets_on_950():
         assert "layout = 1 : i32" in attrs and "rotary_mode = 0 : i32" in attrs
 
 
-def test_rope_forward_on_a2_backward_falls_back():
+@pytest.mark.parametrize("wrt, target, operands", [
+    ((0, 1, 2, 3), "jax_rope_npu_rope_single_bwd", 6),  # dcos/dsin wanted: query/key go too
+    ((0, 1), "jax_rope_npu_rope_single_bwd_no_inputs", 4)])
+def test_a2_backward_uses_rotary_position_embedding_grad(wrt, target, operands):
+    # A2 (default profile, CANN 8.5): the forward through ApplyRotaryPosEmbV2, the
+    # backward through RotaryPositionEmbeddingGrad, one custom call per backward.
     q, k, c, s = arrays((2, 8, 4, 128), (2, 8, 2, 128), (2, 8, 1, 128), (2, 8, 1, 128))
+    loss = lambda q, k, c, s: sum(jnp.sum(o.astype(jnp.float32))
+                                  for o in jr.apply_rotary_pos_emb(q, k, c, s))
+    calls = custom_calls(export_text(jax.value_and_grad(loss, argnums=wrt), q, k, c, s))
+    assert [t for t, _, _ in calls] == ["jax_rope_npu_rope_fwd", target]
+    _, n, attrs = calls[1]
+    assert n == operands and "layout = 1 : i32" in attrs and "rotary_mode = 0 : i32" in attrs
 
-    def step(q, k, c, s):
-        (qo, ko), pullback = jax.vjp(jr.apply_rotary_pos_emb, q, k, c, s)
-        return pullback((qo, ko))
 
-    targets = [t for t, _, _ in custom_calls(export_text(step, q, k, c, s))]
-    assert targets == ["jax_rope_npu_rope_fwd"]  # A2 has no fused backward
+def bwd_targets(monkeypatch, profile, shapes, cann=None, inputs=True, layout="BSND",
+                dtype=jnp.float16):
+    """The custom calls of jr.apply_rotary_pos_emb_grad exported for `profile`."""
+    monkeypatch.setenv("JAX_ROPE_NPU_PROFILE", profile)
+    if cann:
+        monkeypatch.setenv("JAX_ROPE_CANN_VERSION", cann)
+    gq, gk, c = arrays(*shapes, dtype=dtype)
+    if inputs:
+        fn = lambda gq, gk, c: jr.apply_rotary_pos_emb_grad(gq, gk, c, c, gq, gk, layout=layout)
+    else:
+        fn = lambda gq, gk, c: jr.apply_rotary_pos_emb_grad(gq, gk, c, c, layout=layout)[:2]
+    return [t for t, _, _ in custom_calls(export_text(fn, gq, gk, c))]
+
+
+SINGLE = ["jax_rope_npu_rope_single_bwd"]
+
+
+@pytest.mark.parametrize("profile, cann, shapes, layout, inputs, want", [
+    # covered: half, r == D, BSND (cos batch 1 or B < S) and TND (as (1, T, N, D))
+    ("A2", None, [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128)], "BSND", True, SINGLE),
+    ("A3", None, [(2, 8, 4, 64), (2, 8, 2, 64), (2, 8, 1, 64)], "BSND", True, SINGLE),
+    ("A2", None, [(6, 4, 96), (6, 1, 96), (6, 1, 96)], "TND", True, SINGLE),
+    ("A2", None, [(1, 4, 2, 894), (1, 4, 2, 894), (1, 4, 1, 894)], "BSND", True, SINGLE),
+    # partial rotary, D >= 896, SBND (the forward's layouts only), cos batch B >= S
+    ("A2", None, [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 64)], "BSND", True, []),
+    ("A2", None, [(1, 4, 2, 896), (1, 4, 2, 896), (1, 4, 1, 896)], "BSND", True, []),
+    ("A2", None, [(8, 2, 4, 64), (8, 2, 2, 64), (8, 1, 1, 64)], "SBND", True, []),
+    ("A2", None, [(8, 8, 4, 64), (8, 8, 2, 64), (8, 8, 1, 64)], "BSND", True, []),
+    # B * N > 1024 only matters when dcos/dsin are computed
+    ("A2", None, [(2, 4, 513, 64), (2, 4, 1, 64), (1, 4, 1, 64)], "BSND", True, []),
+    ("A2", None, [(2, 4, 513, 64), (2, 4, 1, 64), (1, 4, 1, 64)], "BSND", False,
+     ["jax_rope_npu_rope_single_bwd_no_inputs"]),
+    # CANN 8.0 lacks the operator; 310P has none; 950 uses ApplyRotaryPosEmbGrad (9.0)
+    ("A2", "8.0", [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128)], "BSND", True, []),
+    ("310P", None, [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128)], "BSND", True, []),
+    ("950", "8.5", [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128)], "BSND", True, []),
+    ("950", "9.0", [(2, 8, 4, 128), (2, 8, 2, 128), (1, 8, 1, 128)], "BSND", True,
+     ["jax_rope_npu_rope_bwd"])])
+def test_backward_coverage_per_profile(monkeypatch, profile, cann, shapes, layout, inputs, want):
+    assert bwd_targets(monkeypatch, profile, shapes, cann, inputs, layout) == want
+
+
+def test_a2_backward_outside_the_operator_is_an_error_under_ffi(monkeypatch):
+    with jr.backend("ffi"), pytest.raises(ValueError, match="needs B < S"):
+        bwd_targets(monkeypatch, "A2", [(8, 8, 4, 64), (8, 8, 2, 64), (8, 8, 1, 64)])
 
 
 def test_rope_tnd_attributes():
@@ -228,8 +279,11 @@ def test_describe_lists_profile_and_rules():
     assert info["NPU profile"].startswith("A2")
     assert "D and r in {64, 128}" in info["NPU rules"]
     assert "rotary_mode half," in info["NPU rules"] and "r == D" in info["NPU rules"]
+    assert "RoPE backward (aclnnRotaryPositionEmbeddingGrad): half mode, layouts BSND/TND, " \
+        "r == D <= 894" in info["NPU rules"]
     assert set(info["NPU operators"]) == {
-        "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad", "aclnnFlashAttentionScore",
+        "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad",
+        "aclnnRotaryPositionEmbeddingGrad", "aclnnFlashAttentionScore",
         "aclnnFlashAttentionVarLenScore", "aclnnFlashAttentionScoreGrad",
         "aclnnFlashAttentionUnpaddingScoreGrad"}
     assert info["NPU CANN"].startswith("8.5 generation")

@@ -49,6 +49,9 @@ PYBIND11_MODULE(_jax_rope_ffi, m) {
     targets["jax_rope_npu_rope_fwd"] = Capsule(fs::JaxRopeNpuRopeForward);
     targets["jax_rope_npu_rope_bwd"] = Capsule(fs::JaxRopeNpuRopeBackward);
     targets["jax_rope_npu_rope_bwd_no_inputs"] = Capsule(fs::JaxRopeNpuRopeBackwardNoInputs);
+    targets["jax_rope_npu_rope_single_bwd"] = Capsule(fs::JaxRopeNpuRopeBackwardSingle);
+    targets["jax_rope_npu_rope_single_bwd_no_inputs"] =
+        Capsule(fs::JaxRopeNpuRopeBackwardSingleNoInputs);
     targets["jax_rope_npu_attention_fwd"] = Capsule(fs::JaxRopeNpuAttentionForward);
     targets["jax_rope_npu_attention_bwd"] = Capsule(fs::JaxRopeNpuAttentionBackward);
     return targets;

@@ -82,6 +82,32 @@ inline ffi::Error RopeBackward(const npu::Device& device, ffi::AnyBuffer grad_qu
                                       ds ? &*ds : nullptr, layout));
 }
 
+// The single-tensor backward (aclnnRotaryPositionEmbeddingGrad, Atlas A2/A3):
+// per-path dcos/dsin, added by the lowering (see launch.h).
+inline ffi::Error RopeBackwardSingle(const npu::Device& device, ffi::AnyBuffer grad_query,
+                                     ffi::AnyBuffer grad_key, ffi::AnyBuffer cos,
+                                     ffi::AnyBuffer sin, const ffi::AnyBuffer* query,
+                                     const ffi::AnyBuffer* key, ffi::AnyBuffer dquery,
+                                     ffi::AnyBuffer dkey, ffi::AnyBuffer* const* tables,
+                                     int32_t layout_code, int32_t mode_code) {
+  if (mode_code != static_cast<int32_t>(RotaryMode::kHalf)) {
+    return ToFfiError("rope backward", "the gradient exists for half mode only");
+  }
+  Layout layout;
+  if (!ToLayout(layout_code, &layout)) return ToFfiError("rope backward", "unknown layout code");
+  std::optional<DeviceTensor> q, k, t[4];
+  npu::RopeSingleGrads grads;
+  if (query != nullptr) {
+    q = View(*query); k = View(*key);
+    for (int i = 0; i < 4; ++i) t[i] = View(*tables[i]);
+    grads = {&*t[0], &*t[1], &*t[2], &*t[3]};
+  }
+  return ToFfiError("rope backward",
+                    npu::RopeBackwardSingle(device, View(grad_query), View(grad_key), View(cos),
+                                            View(sin), q ? &*q : nullptr, k ? &*k : nullptr,
+                                            View(dquery), View(dkey), grads, layout));
+}
+
 // The attention attributes decoded; false (and `why`) for an unknown code.
 inline bool DecodeAttention(int32_t layout, float scale, int32_t has_mask, int32_t sparse_mode,
                             int64_t pre_tokens, int64_t next_tokens, npu::AttentionConfig* config,
@@ -133,6 +159,27 @@ struct NpuHandlers {
     Context context(ctx...);
     return RopeBackward(context.device, gq, gk, c, s, nullptr, nullptr, *dq, *dk, nullptr,
                         nullptr, layout, mode);
+  }
+
+  static ffi::Error RopeBackwardSingleHandler(
+      CtxArgs... ctx, ffi::AnyBuffer gq, ffi::AnyBuffer gk, ffi::AnyBuffer c, ffi::AnyBuffer s,
+      ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::Result<ffi::AnyBuffer> dq,
+      ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dcos_q,
+      ffi::Result<ffi::AnyBuffer> dsin_q, ffi::Result<ffi::AnyBuffer> dcos_k,
+      ffi::Result<ffi::AnyBuffer> dsin_k, int32_t layout, int32_t mode) {
+    Context context(ctx...);
+    ffi::AnyBuffer* tables[] = {&*dcos_q, &*dsin_q, &*dcos_k, &*dsin_k};
+    return RopeBackwardSingle(context.device, gq, gk, c, s, &q, &k, *dq, *dk, tables, layout,
+                              mode);
+  }
+
+  static ffi::Error RopeBackwardSingleNoInputsHandler(
+      CtxArgs... ctx, ffi::AnyBuffer gq, ffi::AnyBuffer gk, ffi::AnyBuffer c, ffi::AnyBuffer s,
+      ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, int32_t layout,
+      int32_t mode) {
+    Context context(ctx...);
+    return RopeBackwardSingle(context.device, gq, gk, c, s, nullptr, nullptr, *dq, *dk, nullptr,
+                              layout, mode);
   }
 
   static ffi::Error AttentionForwardHandler(
@@ -211,6 +258,25 @@ struct NpuHandlers {
         .template Arg<ffi::AnyBuffer>()  // sin
         .template Ret<ffi::AnyBuffer>()  // dquery
         .template Ret<ffi::AnyBuffer>()  // dkey
+        .template Attr<int32_t>("layout")
+        .template Attr<int32_t>("rotary_mode");
+  }
+
+  // dquery, dkey, then dcos/dsin of the query path and of the key path.
+  static auto RopeBackwardSingleBinding() {
+    return Context::Bind()
+        .template Arg<ffi::AnyBuffer>()  // grad_query
+        .template Arg<ffi::AnyBuffer>()  // grad_key
+        .template Arg<ffi::AnyBuffer>()  // cos
+        .template Arg<ffi::AnyBuffer>()  // sin
+        .template Arg<ffi::AnyBuffer>()  // query
+        .template Arg<ffi::AnyBuffer>()  // key
+        .template Ret<ffi::AnyBuffer>()  // dquery
+        .template Ret<ffi::AnyBuffer>()  // dkey
+        .template Ret<ffi::AnyBuffer>()  // dcos, query path
+        .template Ret<ffi::AnyBuffer>()  // dsin, query path
+        .template Ret<ffi::AnyBuffer>()  // dcos, key path
+        .template Ret<ffi::AnyBuffer>()  // dsin, key path
         .template Attr<int32_t>("layout")
         .template Attr<int32_t>("rotary_mode");
   }

@@ -40,6 +40,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuRopeBackward, Handlers::RopeBackwardHand
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuRopeBackwardNoInputs,
                               Handlers::RopeBackwardNoInputsHandler,
                               Handlers::RopeBackwardNoInputsBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuRopeBackwardSingle, Handlers::RopeBackwardSingleHandler,
+                              Handlers::RopeBackwardSingleBinding());
+// Same operands and results as the fused backward without inputs.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuRopeBackwardSingleNoInputs,
+                              Handlers::RopeBackwardSingleNoInputsHandler,
+                              Handlers::RopeBackwardNoInputsBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuAttentionForward, Handlers::AttentionForwardHandler,
                               Handlers::AttentionForwardBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuAttentionBackward, Handlers::AttentionBackwardHandler,

@@ -9,6 +9,8 @@ namespace jax_rope::ffi_support {
 extern "C" XLA_FFI_Error* JaxRopeNpuRopeForward(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackward(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackwardNoInputs(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackwardSingle(XLA_FFI_CallFrame* call_frame);
+extern "C" XLA_FFI_Error* JaxRopeNpuRopeBackwardSingleNoInputs(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuAttentionForward(XLA_FFI_CallFrame* call_frame);
 extern "C" XLA_FFI_Error* JaxRopeNpuAttentionBackward(XLA_FFI_CallFrame* call_frame);
 

@@ -74,6 +74,12 @@ typedef aclnnStatus (*AclnnRopeGradWorkspaceFn)(
     const aclTensor* sin, const aclTensor* query, const aclTensor* key, char* rotary_mode,
     int64_t layout, const aclTensor* dquery, const aclTensor* dkey, const aclTensor* dcos,
     const aclTensor* dsin, uint64_t* workspace_size, aclOpExecutor** executor);
+// aclnnRotaryPositionEmbeddingGrad: one tensor; mode 0 = half, 1 = interleave
+// (A2/A3). dcosOut/dsinOut must be non-null; computed only when x is given.
+typedef aclnnStatus (*AclnnRopeSingleGradWorkspaceFn)(
+    const aclTensor* dy, const aclTensor* cos, const aclTensor* sin, const aclTensor* x,
+    int64_t mode, const aclTensor* dx, const aclTensor* dcos, const aclTensor* dsin,
+    uint64_t* workspace_size, aclOpExecutor** executor);
 typedef aclnnStatus (*AclnnFlashAttentionWorkspaceFn)(
     const aclTensor* query, const aclTensor* key, const aclTensor* value,
     const aclTensor* real_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,

@@ -166,6 +166,7 @@ RuntimeState Load() {
   ResolveOperator(libraries, #name, &a.name##GetWorkspaceSize, &a.name, &state)
   JAX_ROPE_OPERATOR(aclnnApplyRotaryPosEmbV2);
   JAX_ROPE_OPERATOR(aclnnApplyRotaryPosEmbGrad);
+  JAX_ROPE_OPERATOR(aclnnRotaryPositionEmbeddingGrad);
   JAX_ROPE_OPERATOR(aclnnFlashAttentionScore);
   JAX_ROPE_OPERATOR(aclnnFlashAttentionVarLenScore);
   JAX_ROPE_OPERATOR(aclnnFlashAttentionScoreGrad);

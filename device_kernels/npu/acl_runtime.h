@@ -38,6 +38,8 @@ struct AclApi {
   AclnnLaunchFn aclnnApplyRotaryPosEmbV2 = nullptr;
   AclnnRopeGradWorkspaceFn aclnnApplyRotaryPosEmbGradGetWorkspaceSize = nullptr;
   AclnnLaunchFn aclnnApplyRotaryPosEmbGrad = nullptr;
+  AclnnRopeSingleGradWorkspaceFn aclnnRotaryPositionEmbeddingGradGetWorkspaceSize = nullptr;
+  AclnnLaunchFn aclnnRotaryPositionEmbeddingGrad = nullptr;
   AclnnFlashAttentionWorkspaceFn aclnnFlashAttentionScoreGetWorkspaceSize = nullptr;
   AclnnLaunchFn aclnnFlashAttentionScore = nullptr;
   AclnnFlashAttentionVarLenWorkspaceFn aclnnFlashAttentionVarLenScoreGetWorkspaceSize = nullptr;
@@ -52,6 +54,7 @@ struct AclApi {
 // The operators jax_rope calls, by their aclnn name.
 inline constexpr const char* kOperators[] = {
     "aclnnApplyRotaryPosEmbV2",       "aclnnApplyRotaryPosEmbGrad",
+    "aclnnRotaryPositionEmbeddingGrad",
     "aclnnFlashAttentionScore",       "aclnnFlashAttentionVarLenScore",
     "aclnnFlashAttentionScoreGrad",   "aclnnFlashAttentionUnpaddingScoreGrad"};
 

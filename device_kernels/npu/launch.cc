@@ -34,6 +34,35 @@ std::vector<int64_t> RopeView(const DeviceTensor& t, Layout layout) {
   return {t.dims[roles.seq], 1, t.dims[roles.head], t.dims.back()};
 }
 
+// The 4-D view RotaryPositionEmbeddingGrad gets: TND as (1, T, N, D).
+std::vector<int64_t> SingleGradView(const DeviceTensor& t, Layout layout) {
+  if (layout != Layout::kTND) return t.dims;
+  return {1, t.dims[0], t.dims[1], t.dims[2]};
+}
+
+// One RotaryPositionEmbeddingGrad call: dx for dy, and with x, dcos/dsin.
+std::string RopeGradOne(const Device& device, const DeviceTensor& dy, const DeviceTensor& cos,
+                        const DeviceTensor& sin, const DeviceTensor* x, const DeviceTensor& dx,
+                        const DeviceTensor& dcos, const DeviceTensor& dsin, Layout layout) {
+  const AclApi& api = Runtime().api;
+  Descriptors d(api);
+  aclTensor* g = d.Tensor(&dy, SingleGradView(dy, layout));
+  aclTensor* c = d.Tensor(&cos, SingleGradView(cos, layout));
+  aclTensor* s = d.Tensor(&sin, SingleGradView(sin, layout));
+  aclTensor* in = x != nullptr ? d.Tensor(x, SingleGradView(*x, layout)) : nullptr;
+  aclTensor* out = d.Tensor(&dx, SingleGradView(dx, layout));
+  aclTensor* dc = d.Tensor(&dcos, SingleGradView(dcos, layout));
+  aclTensor* ds = d.Tensor(&dsin, SingleGradView(dsin, layout));
+  if (!d.ok()) return Failure("aclCreateTensor", -1);
+  constexpr int64_t kHalfMode = 0;  // the operator's mode code for half
+  uint64_t workspace_size = 0;
+  aclOpExecutor* executor = nullptr;
+  aclnnStatus status = api.aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(
+      g, c, s, in, kHalfMode, out, dc, ds, &workspace_size, &executor);
+  return Launch(device, "aclnnRotaryPositionEmbeddingGrad", status, workspace_size, executor,
+                api.aclnnRotaryPositionEmbeddingGrad);
+}
+
 }  // namespace
 
 int64_t DeviceTensor::bytes() const {
@@ -106,6 +135,41 @@ std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
       &workspace_size, &executor);
   return Launch(device, "aclnnApplyRotaryPosEmbGrad", status, workspace_size, executor,
                 api.aclnnApplyRotaryPosEmbGrad);
+}
+
+std::string RopeBackwardSingle(const Device& device, const DeviceTensor& grad_query,
+                               const DeviceTensor& grad_key, const DeviceTensor& cos,
+                               const DeviceTensor& sin, const DeviceTensor* query,
+                               const DeviceTensor* key, const DeviceTensor& dquery,
+                               const DeviceTensor& dkey, const RopeSingleGrads& tables,
+                               Layout layout) {
+  if (auto e = Missing("aclnnRotaryPositionEmbeddingGrad"); !e.empty()) return e;
+  if (layout != Layout::kBSND && layout != Layout::kTND) {
+    return "aclnnRotaryPositionEmbeddingGrad: jax_rope sends BSND or TND only";
+  }
+  if ((query == nullptr) != (key == nullptr) ||
+      (query != nullptr && (tables.dcos_q == nullptr || tables.dsin_q == nullptr ||
+                            tables.dcos_k == nullptr || tables.dsin_k == nullptr))) {
+    return "aclnnRotaryPositionEmbeddingGrad: query and key (and their dcos/dsin) go together";
+  }
+  // Without x the operator computes no dcos/dsin but still needs the outputs.
+  DeviceTensor scratch_cos{nullptr, cos.dims, cos.dtype}, scratch_sin{nullptr, sin.dims, sin.dtype};
+  if (query == nullptr) {
+    scratch_cos.data = device.workspace(cos.bytes());
+    scratch_sin.data = device.workspace(sin.bytes());
+    if (scratch_cos.data == nullptr || scratch_sin.data == nullptr) {
+      return "aclnnRotaryPositionEmbeddingGrad: could not allocate the dcosOut/dsinOut scratch";
+    }
+  }
+  const DeviceTensor& dcos_q = query ? *tables.dcos_q : scratch_cos;
+  const DeviceTensor& dsin_q = query ? *tables.dsin_q : scratch_sin;
+  const DeviceTensor& dcos_k = query ? *tables.dcos_k : scratch_cos;
+  const DeviceTensor& dsin_k = query ? *tables.dsin_k : scratch_sin;
+  if (auto e = RopeGradOne(device, grad_query, cos, sin, query, dquery, dcos_q, dsin_q, layout);
+      !e.empty()) {
+    return e;
+  }
+  return RopeGradOne(device, grad_key, cos, sin, key, dkey, dcos_k, dsin_k, layout);
 }
 
 }  // namespace jax_rope::npu

@@ -45,6 +45,27 @@ std::string RopeBackward(const Device& device, const DeviceTensor& grad_query,
                          const DeviceTensor& dkey, const DeviceTensor* dcos,
                          const DeviceTensor* dsin, Layout layout);
 
+// RotaryPositionEmbeddingGrad (Atlas A2/A3, half mode): one call for the query
+// path, one for the key path. With query/key, each call writes its path's
+// dcos/dsin, reduced by the operator over the axes where cos broadcasts, into
+// dcos_q/dsin_q and dcos_k/dsin_k (the caller adds them, spec/rope.md);
+// without, the operator's dcosOut/dsinOut (non-null by its contract) go to
+// scratch. BSND goes as it is; TND as the BSND view (1, T, N, D), so that cos
+// (1, T, 1, D) is the documented 1S1D case (the (T, 1, N, D) view of the
+// forward would be BS1D with B >= S, which the operator does not take).
+struct RopeSingleGrads {
+  const DeviceTensor* dcos_q = nullptr;
+  const DeviceTensor* dsin_q = nullptr;
+  const DeviceTensor* dcos_k = nullptr;
+  const DeviceTensor* dsin_k = nullptr;
+};
+std::string RopeBackwardSingle(const Device& device, const DeviceTensor& grad_query,
+                               const DeviceTensor& grad_key, const DeviceTensor& cos,
+                               const DeviceTensor& sin, const DeviceTensor* query,
+                               const DeviceTensor* key, const DeviceTensor& dquery,
+                               const DeviceTensor& dkey, const RopeSingleGrads& tables,
+                               Layout layout);
+
 // Static attention configuration (jax_rope's AttentionOptions, decoded).
 struct AttentionConfig {
   Layout layout = Layout::kBSND;  // SBND goes as SBH; TND to the VarLen operators

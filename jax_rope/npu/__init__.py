@@ -10,13 +10,18 @@ from jax_rope.npu.runtime import (PLATFORM, current_cann, current_profile, descr
 
 ROPE_FWD, ROPE_BWD, ROPE_BWD_NO_INPUTS = (
     "jax_rope_npu_rope_fwd", "jax_rope_npu_rope_bwd", "jax_rope_npu_rope_bwd_no_inputs")
+# The RoPE backward through aclnnRotaryPositionEmbeddingGrad (Atlas A2/A3).
+ROPE_SINGLE_BWD, ROPE_SINGLE_BWD_NO_INPUTS = (
+    "jax_rope_npu_rope_single_bwd", "jax_rope_npu_rope_single_bwd_no_inputs")
 ATTENTION_FWD, ATTENTION_BWD = "jax_rope_npu_attention_fwd", "jax_rope_npu_attention_bwd"
 #: Custom-call targets of the NPU kernels (for jax.export's disabled_checks).
-FFI_TARGETS = (ROPE_FWD, ROPE_BWD, ROPE_BWD_NO_INPUTS, ATTENTION_FWD, ATTENTION_BWD)
+FFI_TARGETS = (ROPE_FWD, ROPE_BWD, ROPE_BWD_NO_INPUTS, ROPE_SINGLE_BWD,
+               ROPE_SINGLE_BWD_NO_INPUTS, ATTENTION_FWD, ATTENTION_BWD)
 #: The NPU pads softmax_max / softmax_sum to a trailing axis of this width.
 STATS_WIDTH = 8
 
 __all__ = ["ATTENTION_BWD", "ATTENTION_FWD", "FFI_TARGETS", "PLATFORM", "PROFILES", "Profile",
-           "ROPE_BWD", "ROPE_BWD_NO_INPUTS", "ROPE_FWD", "STATS_WIDTH", "current_cann",
+           "ROPE_BWD", "ROPE_BWD_NO_INPUTS", "ROPE_FWD", "ROPE_SINGLE_BWD",
+           "ROPE_SINGLE_BWD_NO_INPUTS", "STATS_WIDTH", "current_cann",
            "current_profile", "describe", "enable_lowering_without_device",
            "kernels_unavailable", "missing_operator", "profile_for_soc", "runtime"]

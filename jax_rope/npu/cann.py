@@ -16,9 +16,11 @@ import os
 import re
 
 ROPE_V2, ROPE_GRAD = "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad"
+#: The single-tensor RoPE backward (Atlas A2/A3 and 950), one call per tensor.
+ROPE_SINGLE_GRAD = "aclnnRotaryPositionEmbeddingGrad"
 FA, FA_VARLEN = "aclnnFlashAttentionScore", "aclnnFlashAttentionVarLenScore"
 FA_GRAD, FA_VARLEN_GRAD = "aclnnFlashAttentionScoreGrad", "aclnnFlashAttentionUnpaddingScoreGrad"
-OPERATORS = (ROPE_V2, ROPE_GRAD, FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD)
+OPERATORS = (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD, FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD)
 _FLASH = (FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD)
 
 
@@ -32,11 +34,15 @@ class Generation:
     partial_rotary: bool  # the RoPE tiling accepts cos D < query D
 
 
+# aclnnRotaryPositionEmbeddingGrad: the first ACLNN docs that list it for
+# Atlas A2/A3 are CANN 8.3.RC1's (4-D tensors only; 3-D TND came later), and
+# torch_npu calls it only behind DO_COMPATIBILITY: so 8.0 is taken not to have it.
 GENERATIONS = {
     "8.0": Generation("8.0", "monolithic libopapi.so", _FLASH, False),
-    "8.5": Generation("8.5", "split: libopapi_transformer.so", _FLASH + (ROPE_V2,), False),
-    "9.0": Generation("9.0", "split: libopapi_transformer.so", _FLASH + (ROPE_V2, ROPE_GRAD),
-                      True),
+    "8.5": Generation("8.5", "split: libopapi_transformer.so",
+                      _FLASH + (ROPE_V2, ROPE_SINGLE_GRAD), False),
+    "9.0": Generation("9.0", "split: libopapi_transformer.so",
+                      _FLASH + (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD), True),
 }
 DEFAULT_CANN = "8.5"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jax_rope.npu.cann import Generation
+from jax_rope.npu.cann import ROPE_SINGLE_GRAD, Generation
 from jax_rope.npu.profiles import Profile, rope_ub_required
 
 
@@ -40,13 +40,36 @@ def rope_forward_gap(p: Profile, gen: Generation, options, query, key, cos) -> s
     return None
 
 
-def rope_backward_gap(p: Profile, options, grad_query, cos) -> str | None:
+def rope_backward_gap(p: Profile, options, grad_query, grad_key, cos,
+                      with_inputs: bool) -> str | None:
+    """`with_inputs`: query/key are given, so dcos/dsin are computed."""
     if options.layout not in p.rope_bwd_layouts:
         return f"no fused backward for layout {options.layout} on profile {p.name}"
-    if grad_query.shape[-1] != cos.shape[-1]:
+    head_dim = grad_query.shape[-1]
+    if head_dim != cos.shape[-1]:
         return "partial rotary (r < D) in the backward"
-    if grad_query.shape[-1] > p.rope_max_dim:
-        return f"head dim > {p.rope_max_dim}"
+    if head_dim > p.rope_bwd_max_dim:
+        return f"head dim {head_dim} > {p.rope_bwd_max_dim} in the backward"
+    if p.rope_bwd_operator == ROPE_SINGLE_GRAD:
+        return _single_grad_gap(options, grad_query, grad_key, cos, with_inputs)
+    return None
+
+
+def _single_grad_gap(options, grad_query, grad_key, cos, with_inputs) -> str | None:
+    # aclnnRotaryPositionEmbeddingGrad.md, A2/A3 half mode, per call (query, key):
+    # B, N < 1000; B * N <= 1024 when dcos/dsin are computed; cos BS1D needs B < S.
+    roles = options.roles
+    batch = grad_query.shape[roles.batch] if roles.batch is not None else 1  # TND: (1, T, N, D)
+    for name, grad in (("query", grad_query), ("key", grad_key)):
+        heads = grad.shape[roles.head]
+        if batch >= 1000 or heads >= 1000:
+            return f"B={batch} or N={heads} of the {name} >= 1000 (RotaryPositionEmbeddingGrad)"
+        if with_inputs and batch * heads > 1024:
+            return (f"B * N = {batch * heads} of the {name} > 1024 with dcos/dsin "
+                    "(RotaryPositionEmbeddingGrad)")
+    if roles.batch is not None and batch > 1 and cos.shape[roles.batch] == batch \
+            and batch >= grad_query.shape[roles.seq]:
+        return f"cos batch B={batch} needs B < S={grad_query.shape[roles.seq]} (BS1D)"
     return None
 
 

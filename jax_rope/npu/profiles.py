@@ -13,6 +13,8 @@ import re
 
 import jax.numpy as jnp
 
+from jax_rope.npu.cann import ROPE_GRAD, ROPE_SINGLE_GRAD
+
 DEFAULT_PROFILE = "A2"
 _F32, _F16, _BF16 = jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)
 _MODES = ("half", "quarter", "interleave")
@@ -36,6 +38,10 @@ class Profile:
     attention: bool  # FlashAttentionScore(+Grad) available
     attention_max_dim: int = 768
     attention_max_heads: int = 256
+    # The backward's operator: ApplyRotaryPosEmbGrad (query and key in one
+    # call) or RotaryPositionEmbeddingGrad (one call per tensor); its D limit.
+    rope_bwd_operator: str | None = None
+    rope_bwd_max_dim: int = 0
 
     def rules(self, partial_rotary: bool) -> str:
         """The limits in words; `partial_rotary`: the CANN accepts r < D."""
@@ -53,8 +59,15 @@ class Profile:
                      else "cos batch 1 or B")
         if _BF16 not in self.rope_dtypes:
             parts.append("no bfloat16")
-        parts.append(f"RoPE backward: half mode, layouts {'/'.join(self.rope_bwd_layouts)}, r == D"
-                     if self.rope_bwd_layouts else "RoPE backward: jnp fallback")
+        if not self.rope_bwd_layouts:
+            parts.append("RoPE backward: jnp fallback")
+        else:
+            bwd = (f"RoPE backward ({self.rope_bwd_operator}): half mode, layouts "
+                   f"{'/'.join(self.rope_bwd_layouts)}, r == D <= {self.rope_bwd_max_dim}")
+            if self.rope_bwd_operator == ROPE_SINGLE_GRAD:
+                bwd += (", B and each of Nq, Nk < 1000, B * N <= 1024 when dcos/dsin are "
+                        "wanted, B < S when cos batch == B > 1")
+            parts.append(bwd)
         parts.append(f"attention fwd/bwd: D <= {self.attention_max_dim}, N1 <= "
                      f"{self.attention_max_heads}, every sparse_mode" if self.attention
                      else "attention: jnp fallback")
@@ -64,15 +77,19 @@ class Profile:
 _ALL = (_F32, _F16, _BF16)
 _UB_A2 = 192 * 1024  # Atlas A2/A3 AI Core unified buffer
 _UB_310P = 256 * 1024
+# A2/A3 backward: aclnnRotaryPositionEmbeddingGrad.md (D even and < 896). It
+# also takes SBND/BNSD; jax_rope sends BSND, and TND as the BSND view (1, T, N, D).
+_SINGLE_BWD = dict(rope_bwd_operator=ROPE_SINGLE_GRAD, rope_bwd_max_dim=894)
 PROFILES = {
     "A2": Profile("A2", "Atlas A2 training/inference", ("BSND", "TND"), ("half",), (64, 128), 128,
-                  255, _UB_A2, True, _ALL, (), True),
+                  255, _UB_A2, True, _ALL, ("BSND", "TND"), True, **_SINGLE_BWD),
     "A3": Profile("A3", "Atlas A3 training/inference", ("BSND", "TND"), ("half",), (64, 128), 128,
-                  255, _UB_A2, True, _ALL, (), True),
+                  255, _UB_A2, True, _ALL, ("BSND", "TND"), True, **_SINGLE_BWD),
     "310P": Profile("310P", "Atlas inference (310P)", ("BSND", "TND"), ("half",), (64, 128), 128,
                     255, _UB_310P, True, (_F32, _F16), (), False),
     "950": Profile("950", "Ascend 950", ("BSND", "SBND", "BNSD", "TND"), _MODES, None, 1024, None,
-                   None, False, _ALL, ("BSND", "SBND", "TND"), False),
+                   None, False, _ALL, ("BSND", "SBND", "TND"), False, rope_bwd_operator=ROPE_GRAD,
+                   rope_bwd_max_dim=1024),
 }
 
 # The documented SoC names (torch_npu's NpuVariables.cpp) of each family.

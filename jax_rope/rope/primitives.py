@@ -116,6 +116,29 @@ def _npu_lowering(target_of):
     return lower
 
 
+def _single_grad_call(options, shapes, *xs):
+    """The backward through aclnnRotaryPositionEmbeddingGrad: one operator call
+    per path; with query/key the handler returns each path's dcos/dsin (already
+    reduced over its broadcast axes) and they are added here, in float32."""
+    attrs = _attributes(options)
+    if len(xs) == 4:
+        return jax.ffi.ffi_call(npu.ROPE_SINGLE_BWD_NO_INPUTS, shapes)(*xs, **attrs)
+    dq, dk, dcos_q, dsin_q, dcos_k, dsin_k = jax.ffi.ffi_call(
+        npu.ROPE_SINGLE_BWD, shapes[:2] + shapes[2:] * 2)(*xs, **attrs)
+    add = lambda a, b: (a.astype(jnp.float32) + b.astype(jnp.float32)).astype(a.dtype)
+    return dq, dk, add(dcos_q, dcos_k), add(dsin_q, dsin_k)
+
+
+def _npu_backward_lowering(ctx, *args, options):
+    # The profile's backward operator (checked by _npu_backward_gap) picks the target.
+    if npu.current_profile()[0].rope_bwd_operator != cann.ROPE_SINGLE_GRAD:
+        target = npu.ROPE_BWD if len(args) == 6 else npu.ROPE_BWD_NO_INPUTS
+        return _npu_lowering(lambda n: target)(ctx, *args, options=options)
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out)
+    call = lambda *xs: _single_grad_call(options, shapes, *xs)
+    return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
+
+
 def _npu_forward_gap(options, avals_in):
     missing = npu.missing_operator(cann.ROPE_V2)
     if missing is not None:
@@ -126,17 +149,20 @@ def _npu_forward_gap(options, avals_in):
 
 
 def _npu_backward_gap(options, avals_in):
-    missing = npu.missing_operator(cann.ROPE_GRAD)
+    profile = npu.current_profile()[0]
+    if profile.rope_bwd_operator is None:
+        return f"no fused RoPE backward on profile {profile.name}"
+    missing = npu.missing_operator(profile.rope_bwd_operator)
     if missing is not None:
         return missing
-    grad_query, _, cos = avals_in[:3]
-    return coverage.rope_backward_gap(npu.current_profile()[0], options, grad_query, cos)
+    grad_query, grad_key, cos = avals_in[:3]
+    return coverage.rope_backward_gap(profile, options, grad_query, grad_key, cos,
+                                      with_inputs=len(avals_in) == 6)
 
 
-def _kernels(cpu_target, npu_target, npu_gap):
+def _kernels(cpu_target, npu_lower, npu_gap):
     return (Kernel("cpu", _cpu_lowering(cpu_target), unavailable=extension.kernels_unavailable),
-            Kernel(npu.PLATFORM, _npu_lowering(npu_target), npu_gap,
-                   unavailable=npu.kernels_unavailable))
+            Kernel(npu.PLATFORM, npu_lower, npu_gap, unavailable=npu.kernels_unavailable))
 
 
 # --- partitioning -------------------------------------------------------------
@@ -160,13 +186,12 @@ def _factor_map(params, shapes) -> FactorMap:
 rope_fwd_p = define_primitive(
     FWD, multiple_results=True, abstract_eval=_fwd_abstract_eval, batcher=_fwd_batch,
     fallback=fallback.rope_forward,
-    kernels=_kernels(lambda n: FWD, lambda n: npu.ROPE_FWD, _npu_forward_gap),
+    kernels=_kernels(lambda n: FWD, _npu_lowering(lambda n: npu.ROPE_FWD), _npu_forward_gap),
     factor_map=_factor_map)
 
 rope_bwd_p = define_primitive(
     BWD, multiple_results=True, abstract_eval=_bwd_abstract_eval, batcher=_bwd_batch,
     fallback=fallback.rope_backward,
-    kernels=_kernels(lambda n: BWD if n == 6 else BWD_NO_INPUTS,
-                     lambda n: npu.ROPE_BWD if n == 6 else npu.ROPE_BWD_NO_INPUTS,
+    kernels=_kernels(lambda n: BWD if n == 6 else BWD_NO_INPUTS, _npu_backward_lowering,
                      _npu_backward_gap),
     factor_map=_factor_map)

@@ -37,7 +37,10 @@ CORE = ctypes.CDLL(os.path.join(LIB64, "libascendcl.so"))  # the shared bookkeep
 OPS = ctypes.CDLL(os.path.join(LIB64, "libopapi.so" if GEN == 80 else "libopapi_transformer.so"))
 # What the audit says each simulated combination has (the expectations).
 ROPE_FWD_KERNEL = GEN >= 85 and CHIP in ("A2", "A3", "310P", "950")
+# The backward: ApplyRotaryPosEmbGrad on 950 from 9.0, RotaryPositionEmbeddingGrad
+# (one call per tensor) on A2/A3 where the CANN has it (8.5, 9.0).
 ROPE_BWD_KERNEL = GEN >= 90 and CHIP == "950"
+ROPE_SINGLE_BWD_KERNEL = GEN >= 85 and CHIP in ("A2", "A3")
 ATTENTION_KERNEL = CHIP in ("A2", "A3")
 
 # The NPU lowering of every primitive, registered for "cpu" as well.
@@ -50,6 +53,8 @@ HOST_TWINS = ctypes.CDLL(os.environ["JAX_ROPE_NPU_HOST_HANDLERS"])
 for name, symbol in {npu.ROPE_FWD: "JaxRopeNpuHostRopeForward",
                      npu.ROPE_BWD: "JaxRopeNpuHostRopeBackward",
                      npu.ROPE_BWD_NO_INPUTS: "JaxRopeNpuHostRopeBackwardNoInputs",
+                     npu.ROPE_SINGLE_BWD: "JaxRopeNpuHostRopeBackwardSingle",
+                     npu.ROPE_SINGLE_BWD_NO_INPUTS: "JaxRopeNpuHostRopeBackwardSingleNoInputs",
                      npu.ATTENTION_FWD: "JaxRopeNpuHostAttentionForward",
                      npu.ATTENTION_BWD: "JaxRopeNpuHostAttentionBackward"}.items():
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(HOST_TWINS, symbol)),
@@ -75,6 +80,14 @@ def assert_clean():
 def assert_path(text, target, kernel):
     assert (target in text) == kernel, \
         f"expected {'the NPU kernel' if kernel else 'the fallback'} ({target}) on {CHIP}/{GEN}"
+
+
+def assert_backward_path(text, with_inputs):
+    """The backward's expected kernel here (by the audit), or the fallback."""
+    fused = npu.ROPE_BWD if with_inputs else npu.ROPE_BWD_NO_INPUTS
+    single = npu.ROPE_SINGLE_BWD if with_inputs else npu.ROPE_SINGLE_BWD_NO_INPUTS
+    assert_path(text, fused, ROPE_BWD_KERNEL)
+    assert_path(text, single, ROPE_SINGLE_BWD_KERNEL)
 
 
 def forward_case(layout, mode, shapes, kernel, dtype=jnp.float32, tol=1e-6):
@@ -138,21 +151,100 @@ def forward_float16_matches_fallback():
 
 @check
 def w10_backward_with_and_without_inputs():
-    # The fused backward exists only on Ascend 950 from CANN 9.0; without
-    # query/key its required gradCos/gradSin outputs still get buffers.
+    # The fused backward: Ascend 950 from CANN 9.0 (its required gradCos/gradSin
+    # outputs get buffers without query/key too); RotaryPositionEmbeddingGrad on
+    # A2/A3 from 8.5 (its dcosOut/dsinOut likewise); the fallback elsewhere.
     shapes = [(2, 3, 4, 64), (2, 3, 2, 64), (1, 3, 1, 64), (1, 3, 1, 64)]
     q, k, c, s = (rand(x, jnp.float32, i) for i, x in enumerate(shapes))
     gq, gk = rand(shapes[0], seed=7), rand(shapes[1], seed=8)
     fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a[:4], query=a[4], key=a[5]))
-    assert_path(fn.lower(gq, gk, c, s, q, k).as_text(), npu.ROPE_BWD, ROPE_BWD_KERNEL)
+    assert_backward_path(fn.lower(gq, gk, c, s, q, k).as_text(), True)
     want = oracle.apply_rotary_pos_emb_grad(*(np.asarray(x, np.float64)
                                               for x in (gq, gk, c, s, q, k)))
     for g, w in zip(fn(gq, gk, c, s, q, k), want):
         np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5, atol=1e-5)
     no_inputs = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a)[:2])
-    assert_path(no_inputs.lower(gq, gk, c, s).as_text(), npu.ROPE_BWD_NO_INPUTS, ROPE_BWD_KERNEL)
+    assert_backward_path(no_inputs.lower(gq, gk, c, s).as_text(), False)
     for g, w in zip(no_inputs(gq, gk, c, s), want[:2]):
         np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5, atol=1e-5)
+    assert_clean()
+
+
+@check
+def a2_backward_uses_rotary_position_embedding_grad():
+    # jax.grad through apply_rotary_pos_emb: on A2/A3 with the operator, one
+    # RotaryPositionEmbeddingGrad call per path; dcos/dsin (when cos/sin are
+    # differentiated) are each path's reduction, added: batch-1 cos (reduced over
+    # B and N) and batch-B cos (B < S, reduced over N); TND as (1, T, N, D).
+    cases = [("BSND", [(2, 5, 3, 64), (2, 5, 2, 64), (1, 5, 1, 64)]),
+             ("BSND", [(2, 5, 3, 128), (2, 5, 1, 128), (2, 5, 1, 128)]),
+             ("TND", [(7, 3, 64), (7, 1, 64), (7, 1, 64)])]
+    for layout, shapes in cases:
+        q, k, c = (rand(x, jnp.float32, i) for i, x in enumerate(shapes))
+        s = rand(shapes[2], jnp.float32, 5)
+        gq, gk = rand(shapes[0], seed=7), rand(shapes[1], seed=8)
+        f = lambda *a: jr.apply_rotary_pos_emb(*a, layout=layout)
+        want = oracle.apply_rotary_pos_emb_grad(
+            *(np.asarray(x, np.float64) for x in (gq, gk, c, s, q, k)), layout=layout)
+        full = jax.jit(lambda q, k, c, s, gq, gk: jax.vjp(f, q, k, c, s)[1]((gq, gk)))
+        qk = jax.jit(lambda q, k, c, s, gq, gk:
+                     jax.vjp(lambda q, k: f(q, k, c, s), q, k)[1]((gq, gk)))
+        for fn, with_tables in ((full, True), (qk, False)):
+            assert_backward_path(fn.lower(q, k, c, s, gq, gk).as_text(), with_tables)
+            got = fn(q, k, c, s, gq, gk)
+            assert len(got) == (4 if with_tables else 2)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5, atol=1e-5)
+    assert_clean()
+
+
+@check
+def rotary_position_embedding_grad_wrong_calls_are_rejected():
+    # Straight into the simulated aclnnRotaryPositionEmbeddingGrad (A2/A3 contract).
+    CORE.aclCreateTensor.restype = ctypes.c_void_p
+    CORE.aclCreateTensor.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32,
+                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
+                                     ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
+    CORE.aclGetRecentErrMsg.restype = ctypes.c_char_p
+    keep = []
+
+    def tensor(*shape):
+        n = int(np.prod(shape))
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        strides = (ctypes.c_int64 * len(shape))(*(int(np.prod(shape[i + 1:]))
+                                                  for i in range(len(shape))))
+        buf = (ctypes.c_float * n)()
+        keep.append(buf)
+        return ctypes.c_void_p(CORE.aclCreateTensor(dims, len(shape), 0, strides, 0, 2, dims,
+                                                     len(shape), buf))
+
+    size, executor = ctypes.c_uint64(), ctypes.c_void_p()
+    made = []
+
+    def prepare(dy, cos, x, mode=0, tables=True):
+        t = [tensor(*dy), tensor(*cos), tensor(*cos), tensor(*dy) if x else None, tensor(*dy),
+             tensor(*cos) if tables else None, tensor(*cos) if tables else None]
+        made.extend(x for x in t if x is not None)
+        assert all(x is None or x.value for x in t), CORE.aclGetRecentErrMsg()
+        return OPS.aclnnRotaryPositionEmbeddingGradGetWorkspaceSize(
+            t[0], t[1], t[2], t[3], ctypes.c_int64(mode), t[4], t[5], t[6], ctypes.byref(size),
+            ctypes.byref(executor))
+
+    assert prepare((2, 4, 3, 64), (1, 4, 1, 64), x=True, tables=False) == 161001  # dcosOut required
+    assert prepare((2, 4, 3, 64), (1, 4, 1, 64), x=True, mode=2) == 561002  # no quarter on A2/A3
+    assert prepare((2, 4, 3, 896), (1, 4, 1, 896), x=True) == 561002  # D < 896
+    assert prepare((2, 4, 3, 64), (1, 4, 1, 32), x=True) == 561002  # cos D == dy D
+    assert prepare((4, 3, 2, 64), (4, 1, 2, 64), x=True) == 561002  # B1SD needs B < S
+    assert prepare((2, 4, 513, 64), (1, 4, 1, 64), x=True) == 561002  # B * N > 1024 with x
+    assert prepare((2, 4, 513, 64), (1, 4, 1, 64), x=False) == 0  # fine without dcos/dsin
+    assert size.value > 0
+    # a launch without the workspace it asked for
+    assert OPS.aclnnRotaryPositionEmbeddingGrad(None, ctypes.c_uint64(size.value), executor,
+                                                None) == 161002
+    CORE.aclDestroyAclOpExecutor.argtypes = [ctypes.c_void_p]
+    assert CORE.aclDestroyAclOpExecutor(executor) == 0
+    for x in made:
+        assert CORE.aclDestroyTensor(x) == 0
     assert_clean()
 
 
@@ -213,7 +305,9 @@ def w1_operators_resolved_per_library():
                "aclnnFlashAttentionScoreGrad", "aclnnFlashAttentionUnpaddingScoreGrad"):
         assert ops[op].endswith("lib64/" + library), (op, ops[op])
     v2, grad = ops["aclnnApplyRotaryPosEmbV2"], ops["aclnnApplyRotaryPosEmbGrad"]
+    single = ops["aclnnRotaryPositionEmbeddingGrad"]
     assert (v2 == "missing") == (GEN < 85) and (grad == "missing") == (GEN < 90), ops
+    assert (single == "missing") == (GEN < 85), ops
 
 
 @check

@@ -16,6 +16,9 @@ JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostRopeForward(XLA_FFI_CallFrame*
 JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostRopeBackward(XLA_FFI_CallFrame* call_frame);
 JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostRopeBackwardNoInputs(
     XLA_FFI_CallFrame* call_frame);
+JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostRopeBackwardSingle(XLA_FFI_CallFrame* call_frame);
+JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostRopeBackwardSingleNoInputs(
+    XLA_FFI_CallFrame* call_frame);
 JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostAttentionForward(XLA_FFI_CallFrame* call_frame);
 JAX_ROPE_TEST_EXPORT XLA_FFI_Error* JaxRopeNpuHostAttentionBackward(XLA_FFI_CallFrame* call_frame);
 
@@ -54,6 +57,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuHostRopeBackward, Handlers::RopeBackward
                               Handlers::RopeBackwardBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuHostRopeBackwardNoInputs,
                               Handlers::RopeBackwardNoInputsHandler,
+                              Handlers::RopeBackwardNoInputsBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuHostRopeBackwardSingle,
+                              Handlers::RopeBackwardSingleHandler,
+                              Handlers::RopeBackwardSingleBinding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuHostRopeBackwardSingleNoInputs,
+                              Handlers::RopeBackwardSingleNoInputsHandler,
                               Handlers::RopeBackwardNoInputsBinding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeNpuHostAttentionForward, Handlers::AttentionForwardHandler,
                               Handlers::AttentionForwardBinding());

@@ -3,7 +3,7 @@
 // The simulator is several libraries, laid out by the contract tests like a
 // CANN install of one generation: the core (sim_core.cc: libascendcl and
 // libnnopbase, with the descriptor and executor bookkeeping every library
-// shares) and the operator libraries (sim_ops.cc + attention.cc, compiled once
+// shares) and the operator libraries (sim_ops.cc + rope_grad.cc + attention.cc, compiled once
 // per generation with JAX_ROPE_SIM_CANN = 80, 85 or 90), each exporting only
 // the aclnn entry points its generation has.
 #pragma once

@@ -9,8 +9,9 @@
 // Generations, as the audit (shared/reference/cann_glue_audit.md) documents them:
 //   80: one monolithic libopapi.so with the FlashAttention family only (no
 //       aclnnApplyRotaryPosEmbV2, no aclnnApplyRotaryPosEmbGrad);
-//   85: split install: libopapi_transformer.so with FlashAttention and
-//       ApplyRotaryPosEmbV2 (every RoPE D of query, key, cos equal);
+//   85: split install: libopapi_transformer.so with FlashAttention,
+//       ApplyRotaryPosEmbV2 (every RoPE D of query, key, cos equal) and the
+//       single-tensor RotaryPositionEmbeddingGrad (rope_grad.cc, A2/A3);
 //   90: split install, also ApplyRotaryPosEmbGrad (Ascend 950 only), and
 //       the tiling accepts partial rotary (cos D < query D).
 #include <cstdlib>
