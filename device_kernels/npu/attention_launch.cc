@@ -211,22 +211,32 @@ std::string Describe(Descriptors& d, const AttentionCall& call, const DeviceTens
 
 }  // namespace
 
+// What both directions do before their operator call: the operator must be
+// there (VarLen or padded by the layout), the call prepared, the shared
+// descriptors made.
+std::string Begin(const Device& device, const AttentionConfig& config, const char* varlen_op,
+                  const char* padded_op, const DeviceTensor& query, const DeviceTensor& key,
+                  const DeviceTensor& value, const DeviceTensor& out,
+                  const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum,
+                  const DeviceTensor& table, const DeviceTensor* mask, Descriptors& d,
+                  AttentionCall* call, AttentionDescriptors* t) {
+  const bool varlen = LayoutRoles(config.layout).batch < 0;
+  if (auto e = Missing(varlen ? varlen_op : padded_op); !e.empty()) return e;
+  if (auto e = Prepare(device, config, query, key, table, mask, call); !e.empty()) return e;
+  return Describe(d, *call, query, key, value, out, softmax_max, softmax_sum, t);
+}
+
 std::string AttentionForward(const Device& device, const AttentionConfig& config,
                              const DeviceTensor& query, const DeviceTensor& key,
                              const DeviceTensor& value, const DeviceTensor& table,
                              const DeviceTensor* mask, const DeviceTensor& out,
                              const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum) {
-  const bool varlen = LayoutRoles(config.layout).batch < 0;
-  if (auto e = Missing(varlen ? "aclnnFlashAttentionVarLenScore" : "aclnnFlashAttentionScore");
-      !e.empty()) {
-    return e;
-  }
   const AclApi& api = Runtime().api;
-  AttentionCall call;
-  if (auto e = Prepare(device, config, query, key, table, mask, &call); !e.empty()) return e;
   Descriptors d(api);
+  AttentionCall call;
   AttentionDescriptors t;
-  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
+  if (auto e = Begin(device, config, "aclnnFlashAttentionVarLenScore", "aclnnFlashAttentionScore",
+                     query, key, value, out, softmax_max, softmax_sum, table, mask, d, &call, &t);
       !e.empty()) {
     return e;
   }
@@ -259,25 +269,21 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
                               const DeviceTensor& softmax_sum, const DeviceTensor& table,
                               const DeviceTensor* mask, const DeviceTensor& dquery,
                               const DeviceTensor& dkey, const DeviceTensor& dvalue) {
-  const bool varlen = LayoutRoles(config.layout).batch < 0;
-  if (auto e = Missing(varlen ? "aclnnFlashAttentionUnpaddingScoreGrad"
-                              : "aclnnFlashAttentionScoreGrad");
+  const AclApi& api = Runtime().api;
+  Descriptors d(api);
+  AttentionCall call;
+  AttentionDescriptors t;
+  if (auto e = Begin(device, config, "aclnnFlashAttentionUnpaddingScoreGrad",
+                     "aclnnFlashAttentionScoreGrad", query, key, value, out, softmax_max,
+                     softmax_sum, table, mask, d, &call, &t);
       !e.empty()) {
     return e;
   }
-  const AclApi& api = Runtime().api;
-  AttentionCall call;
-  if (auto e = Prepare(device, config, query, key, table, mask, &call); !e.empty()) return e;
-  Descriptors d(api);
   aclTensor* dy = Operand(d, call, dout);
   aclTensor* dq = Operand(d, call, dquery);
   aclTensor* dk = Operand(d, call, dkey);
   aclTensor* dv = Operand(d, call, dvalue);
-  AttentionDescriptors t;
-  if (auto e = Describe(d, call, query, key, value, out, softmax_max, softmax_sum, &t);
-      !e.empty()) {
-    return e;
-  }
+  if (!d.ok()) return Failure("aclCreateTensor", -1);
   const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
