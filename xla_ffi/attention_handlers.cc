@@ -1,11 +1,15 @@
 // XLA FFI handlers for masked attention: decode buffers and attributes into an
 // AttentionGeometry, re-check every shape and the run-time sequence table
 // (varlen lengths may be traced, so only here are their values known), and run
-// the tiled kernels of device_kernels/cpu on XLA's thread pool.
+// the tiled kernels of device_kernels/cpu on XLA's thread pool. Every handler
+// takes every optional operand (mask, positional bias, ALiBi offsets, dropout
+// keys/rows/mask; the lowering passes small placeholders for absent ones) and
+// re-checks the ones its attributes select against their kind.
 #include "xla_ffi/attention_handlers.h"
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <new>
 #include <string>
 #include <vector>
@@ -34,6 +38,7 @@ struct Decoded {
   int64_t q_rows = 0;   // Sq or Tq
   int64_t kv_rows = 0;  // Skv or Tkv
   bool packed = false;
+  std::vector<int64_t> bias_base;  // geometry.bias.seq_base points here
 };
 
 ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyBuffer& query,
@@ -114,6 +119,144 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
   return ffi::Error::Success();
 }
 
+bool BiasBatchOk(int64_t dim, const AttentionGeometry& g) { return dim == 1 || dim == g.batch; }
+
+// The positional bias operand for bias_kind (attention_kernels.h: PositionBias).
+ffi::Error DecodeBias(int32_t kind, int32_t after_scale, const ffi::AnyBuffer& query,
+                      const ffi::AnyBuffer& bias, const ffi::Buffer<ffi::S32>& offsets,
+                      Decoded* d) {
+  using cpu::BiasKind;
+  if (kind < 0 || kind > 5) return Fail("unknown bias_kind " + std::to_string(kind));
+  if (after_scale != 0 && after_scale != 1) return Fail("bias_after_scale must be 0 or 1");
+  AttentionGeometry& g = d->geometry;
+  cpu::PositionBias& pb = g.bias;
+  pb.kind = static_cast<BiasKind>(kind);
+  pb.after_scale = after_scale == 1;
+  if (pb.kind == BiasKind::kNone) return ffi::Error::Success();
+  const std::vector<int64_t> dims = DimsOf(bias);
+  const int64_t n1 = g.q_heads, nb = g.batch;
+  int64_t max_q = 0, cells = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    max_q = std::max<int64_t>(max_q, d->seqs[b].q_len);
+    cells += int64_t{d->seqs[b].q_len} * d->seqs[b].kv_len;
+  }
+  pb.data = bias.untyped_data();
+  d->bias_base.assign(nb, 0);
+  if (pb.kind == BiasKind::kAlibi || pb.kind == BiasKind::kAlibiSqrt) {
+    if (bias.element_type() != ffi::DataType::F32 || dims.size() != 2 ||
+        !BiasBatchOk(dims[0], g) || dims[1] != n1) {
+      return Fail("ALiBi slopes must be float32 (1 or B, N1)");
+    }
+    auto off = offsets.dimensions();
+    if (off.size() != 2 || off[0] != nb || off[1] != 2) {
+      return Fail("ALiBi offsets must be int32 (B, 2), one row per sequence");
+    }
+    if (!pb.after_scale) return Fail("ALiBi biases are added after scaling (bias_after_scale 1)");
+    pb.slope_batch = dims[0] == 1 ? 0 : n1;
+    pb.offsets = offsets.typed_data();
+    return ffi::Error::Success();
+  }
+  if (bias.element_type() != query.element_type()) return Fail("pse must have query's dtype");
+  switch (pb.kind) {
+    case BiasKind::kTensor:
+      if (d->packed) {  // (N1, Tkv): row-broadcast, read at the sequence's key rows
+        if (dims != std::vector<int64_t>{n1, d->kv_rows}) return Fail("pse must be (N1, Tkv)");
+        for (int64_t b = 0; b < nb; ++b) d->bias_base[b] = d->seqs[b].kv_start;
+        pb.head = d->kv_rows;
+      } else {
+        if (dims.size() != 4 || !BiasBatchOk(dims[0], g) || dims[1] != n1 ||
+            (dims[2] != 1 && dims[2] != d->q_rows) || dims[3] != d->kv_rows) {
+          return Fail("pse must be (1 or B, N1, 1 or Sq, Skv)");
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+          d->bias_base[b] = (dims[0] == 1 ? 0 : b) * n1 * dims[2] * dims[3];
+        }
+        pb.head = dims[2] * dims[3];
+        pb.row = dims[2] == 1 ? 0 : dims[3];
+      }
+      break;
+    case BiasKind::kCompressed:
+      // Row 1023, column W - 1 - (i - j) is read for i >= j: W must cover every query row.
+      if (dims.size() != 4 || !BiasBatchOk(dims[0], g) || dims[1] != n1 || dims[2] != 1024 ||
+          dims[3] < std::max<int64_t>(max_q, 1) || (!d->packed && dims[3] != d->kv_rows)) {
+        return Fail("compressed pse must be (1 or B, N1, 1024, Skv) (TND: W >= every q_len)");
+      }
+      for (int64_t b = 0; b < nb; ++b) {
+        d->bias_base[b] = (dims[0] == 1 ? 0 : b) * n1 * 1024 * dims[3];
+      }
+      pb.head = 1024 * dims[3];
+      pb.width = dims[3];
+      break;
+    case BiasKind::kPacked: {
+      if (!d->packed) return Fail("the packed pse form needs the TND layout");
+      if (dims != std::vector<int64_t>{n1, cells}) {
+        return Fail("packed pse must be (N1, sum of q_len * kv_len) = (" + std::to_string(n1) +
+                    ", " + std::to_string(cells) + ")");
+      }
+      int64_t base = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        d->bias_base[b] = base;
+        base += int64_t{d->seqs[b].q_len} * d->seqs[b].kv_len;
+      }
+      pb.head = cells;
+      pb.row_is_kv_len = true;
+      break;
+    }
+    default:
+      break;
+  }
+  pb.seq_base = d->bias_base.data();
+  return ffi::Error::Success();
+}
+
+// The dropout operands for mode `dropout` (attention_kernels.h: Dropout).
+ffi::Error DecodeDropout(int32_t dropout, int64_t keep_threshold, float keep_scale,
+                         const ffi::Buffer<ffi::U32>& drop_keys,
+                         const ffi::Buffer<ffi::U32>& drop_rows,
+                         const ffi::Buffer<ffi::U8>& drop_mask, Decoded* d) {
+  using cpu::DropoutMode;
+  if (dropout < 0 || dropout > 2) return Fail("unknown dropout mode " + std::to_string(dropout));
+  AttentionGeometry& g = d->geometry;
+  cpu::Dropout& dr = g.dropout;
+  dr.mode = static_cast<DropoutMode>(dropout);
+  if (dr.mode == DropoutMode::kNone) return ffi::Error::Success();
+  if (keep_threshold < 0 || keep_threshold >= (int64_t{1} << 32)) {
+    return Fail("keep_threshold must be in [0, 2^32)");
+  }
+  if (!std::isfinite(keep_scale) || keep_scale < 1.0f) return Fail("keep_scale must be >= 1");
+  auto keys = drop_keys.dimensions();
+  auto rows = drop_rows.dimensions();
+  if (keys.size() != 2 || keys[0] != g.batch || keys[1] != 2) {
+    return Fail("drop_keys must be uint32 (B, 2), one key per sequence");
+  }
+  if (rows.size() != 2 || rows[0] != g.batch || rows[1] != g.q_heads) {
+    return Fail("drop_rows must be uint32 (B, N1)");
+  }
+  dr.threshold = static_cast<uint32_t>(keep_threshold);
+  dr.keep_scale = keep_scale;
+  dr.keys = drop_keys.typed_data();
+  dr.rows = drop_rows.typed_data();
+  if (dr.mode == DropoutMode::kMask) {
+    auto bytes = drop_mask.dimensions();
+    if (bytes.size() != 1) return Fail("dropout_mask must be 1-D uint8");
+    // Bits rows[b, n] + i * kv_len + j for every (i, j) of a sequence are read.
+    uint64_t needed = 0;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const uint64_t cells = uint64_t(d->seqs[b].q_len) * uint64_t(d->seqs[b].kv_len);
+      if (cells == 0) continue;
+      for (int64_t n = 0; n < g.q_heads; ++n) {
+        needed = std::max<uint64_t>(needed, dr.rows[b * g.q_heads + n] + cells);
+      }
+    }
+    if ((needed + 7) / 8 > static_cast<uint64_t>(bytes[0])) {
+      return Fail("dropout_mask has " + std::to_string(bytes[0]) + " bytes, the sequences read " +
+                  std::to_string((needed + 7) / 8));
+    }
+    dr.mask = drop_mask.typed_data();
+  }
+  return ffi::Error::Success();
+}
+
 ffi::Error CheckResult(const ffi::AnyBuffer& result, const std::vector<int64_t>& dims,
                        ffi::DataType dtype, const char* name) {
   if (DimsOf(result) != dims || result.element_type() != dtype) {
@@ -152,14 +295,25 @@ ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, const Fn& fn) {
 
 }  // namespace
 
-ffi::Error AttentionForwardImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
-                                ffi::AnyBuffer value, ffi::Buffer<ffi::S32> table,
-                                ffi::Buffer<ffi::U8> mask, ffi::Result<ffi::AnyBuffer> out,
-                                ffi::Result<ffi::AnyBuffer> softmax_max,
-                                ffi::Result<ffi::AnyBuffer> softmax_sum, int32_t layout,
-                                float scale, int32_t has_mask) {
+ffi::Error AttentionForwardImpl(
+    ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key, ffi::AnyBuffer value,
+    ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::U8> mask, ffi::AnyBuffer bias,
+    ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::U32> drop_keys,
+    ffi::Buffer<ffi::U32> drop_rows, ffi::Buffer<ffi::U8> drop_mask,
+    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> softmax_max,
+    ffi::Result<ffi::AnyBuffer> softmax_sum, int32_t layout, float scale, int32_t has_mask,
+    int32_t bias_kind, int32_t bias_after_scale, int32_t dropout, int64_t keep_threshold,
+    float keep_scale) {
   Decoded d;
   if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
+      e.failure()) {
+    return e;
+  }
+  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
+    return e;
+  }
+  if (auto e = DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys, drop_rows, drop_mask,
+                             &d);
       e.failure()) {
     return e;
   }
@@ -193,11 +347,15 @@ ffi::Error AttentionForwardImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi:
 
 ffi::Error AttentionScoresImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
                                ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::U8> mask,
+                               ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> offsets,
                                ffi::Result<ffi::AnyBuffer> scores, int32_t layout, float scale,
-                               int32_t has_mask) {
+                               int32_t has_mask, int32_t bias_kind, int32_t bias_after_scale) {
   Decoded d;
   if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(key), table, mask, &d);
       e.failure()) {
+    return e;
+  }
+  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
     return e;
   }
   const AttentionGeometry& g = d.geometry;
@@ -223,10 +381,22 @@ ffi::Error AttentionBackwardImpl(
     ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key, ffi::AnyBuffer value,
     ffi::AnyBuffer out, ffi::AnyBuffer dout, ffi::AnyBuffer softmax_max,
     ffi::AnyBuffer softmax_sum, ffi::Buffer<ffi::S32> table, ffi::Buffer<ffi::U8> mask,
+    ffi::AnyBuffer bias, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::U32> drop_keys,
+    ffi::Buffer<ffi::U32> drop_rows, ffi::Buffer<ffi::U8> drop_mask,
     ffi::Result<ffi::AnyBuffer> dquery, ffi::Result<ffi::AnyBuffer> dkey,
-    ffi::Result<ffi::AnyBuffer> dvalue, int32_t layout, float scale, int32_t has_mask) {
+    ffi::Result<ffi::AnyBuffer> dvalue, int32_t layout, float scale, int32_t has_mask,
+    int32_t bias_kind, int32_t bias_after_scale, int32_t dropout, int64_t keep_threshold,
+    float keep_scale) {
   Decoded d;
   if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
+      e.failure()) {
+    return e;
+  }
+  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
+    return e;
+  }
+  if (auto e = DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys, drop_rows, drop_mask,
+                             &d);
       e.failure()) {
     return e;
   }
@@ -285,12 +455,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionForward, AttentionForwardImpl,
                                   .Arg<ffi::AnyBuffer>()         // value
                                   .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
                                   .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Arg<ffi::AnyBuffer>()         // positional bias
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // ALiBi offsets
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // dropout keys
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // dropout row words
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // dropout mask
                                   .Ret<ffi::AnyBuffer>()         // attention_out
                                   .Ret<ffi::AnyBuffer>()         // softmax_max
                                   .Ret<ffi::AnyBuffer>()         // softmax_sum
                                   .Attr<int32_t>("layout")
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_mask"));
+                                  .Attr<int32_t>("has_mask")
+                                  .Attr<int32_t>("bias_kind")
+                                  .Attr<int32_t>("bias_after_scale")
+                                  .Attr<int32_t>("dropout")
+                                  .Attr<int64_t>("keep_threshold")
+                                  .Attr<float>("keep_scale"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionScores, AttentionScoresImpl,
                               ffi::Ffi::Bind()
@@ -299,10 +479,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionScores, AttentionScoresImpl,
                                   .Arg<ffi::AnyBuffer>()         // key
                                   .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
                                   .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Arg<ffi::AnyBuffer>()         // positional bias
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // ALiBi offsets
                                   .Ret<ffi::AnyBuffer>()         // scores
                                   .Attr<int32_t>("layout")
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_mask"));
+                                  .Attr<int32_t>("has_mask")
+                                  .Attr<int32_t>("bias_kind")
+                                  .Attr<int32_t>("bias_after_scale"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionBackward, AttentionBackwardImpl,
                               ffi::Ffi::Bind()
@@ -316,11 +500,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeAttentionBackward, AttentionBackwardImpl,
                                   .Arg<ffi::AnyBuffer>()         // softmax_sum
                                   .Arg<ffi::Buffer<ffi::S32>>()  // sequence table
                                   .Arg<ffi::Buffer<ffi::U8>>()   // element mask
+                                  .Arg<ffi::AnyBuffer>()         // positional bias
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // ALiBi offsets
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // dropout keys
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // dropout row words
+                                  .Arg<ffi::Buffer<ffi::U8>>()   // dropout mask
                                   .Ret<ffi::AnyBuffer>()         // dquery
                                   .Ret<ffi::AnyBuffer>()         // dkey
                                   .Ret<ffi::AnyBuffer>()         // dvalue
                                   .Attr<int32_t>("layout")
                                   .Attr<float>("scale")
-                                  .Attr<int32_t>("has_mask"));
+                                  .Attr<int32_t>("has_mask")
+                                  .Attr<int32_t>("bias_kind")
+                                  .Attr<int32_t>("bias_after_scale")
+                                  .Attr<int32_t>("dropout")
+                                  .Attr<int64_t>("keep_threshold")
+                                  .Attr<float>("keep_scale"));
 
 }  // namespace jax_rope::ffi_support

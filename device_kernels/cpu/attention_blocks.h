@@ -133,14 +133,14 @@ class Workspace {
     const int64_t sizes[] = {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
                              block * block,      block * block,       block * dp, block * dvp,
                              block,              block,               block,
-                             block * std::max(dp, dvp)};
+                             block * std::max(dp, dvp), block * block};
     float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
-                       &finite};
+                       &finite, &keep};
     int64_t total = 0;
     for (int64_t size : sizes) total += RoundUpToTile(size);
     data_ = new (std::align_val_t{64}) float[total]();
     float* p = data_;
-    for (int i = 0; i < 12; ++i) {
+    for (int i = 0; i < 13; ++i) {
       *slots[i] = p;
       p += RoundUpToTile(sizes[i]);
     }
@@ -156,6 +156,7 @@ class Workspace {
   float *acc1, *acc2;     // float32 accumulators of the outputs
   float *max, *sum, *delta;
   float* finite;          // a block with its non-finite entries zeroed (MaskedGemm)
+  float* keep;            // dropout: keep / keep_prob per position of a score tile
 
  private:
   float* data_;

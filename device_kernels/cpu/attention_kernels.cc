@@ -6,19 +6,28 @@
 //   forward, dquery: scores^T = K_blk Q^T, with the row statistics along vectors;
 //   dkey/dvalue:     scores = Q_blk K^T; dV += P^T dO and dK += dS^T Q read P
 //                    and dS transposed through the GEMM's A strides.
+// A positional bias is added to each tile before masking (attention_bias.h),
+// so masked positions never see it; dropout multiplies the probabilities of a
+// tile by keep / keep_prob after the softmax step. Without either, the tile
+// code is the plain path (one branch per tile).
 #include "device_kernels/cpu/attention_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
 #include "device_kernels/cpu/attention_tiles.h"
 
 namespace jax_rope::cpu {
 namespace {
 
+using attention::AddBias;
+using attention::ApplyKeep;
 using attention::Band;
+using attention::KeepTile;
+using attention::ScoreScale;
 using attention::LoadTransposed;
 using attention::Offset;
 using attention::Operand;
@@ -130,6 +139,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
   const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
   const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
+  const float scale = ScoreScale(g);
+  const bool dropout = g.dropout.mode != DropoutMode::kNone;
   LoadTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, ws.t1, kBlockQ);
   float* o = ws.acc1;
   std::fill(o, o + nr * ws.dvp, 0.0f);
@@ -144,8 +155,13 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                            true, ws.n2, ws.dvp);
     // Transposed scores (keys x queries): the statistics run along vectors.
     ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    ops.softmax_step(ws.s, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
+    ops.softmax_step(ws.s, kBlockQ, nc, nrp, scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
+    if (dropout) {  // the statistics above stay those of the undropped softmax
+      KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
+      ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
+    }
     const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
     MaskedGemm(ops, nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, full,
                [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
@@ -170,6 +186,8 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads;
   const int64_t c0 = it.block * kBlockK, nc = std::min(kBlockK, band.kv_len - c0);
   const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
+  const float scale = ScoreScale(g);
+  const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
   const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
   LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
@@ -189,9 +207,14 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
       LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
       ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
       ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+      AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-      ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, g.scale, ws.max, ws.sum, ws.delta,
-                       false);
+      if (dropout) {  // dP = dZ * R before the softmax gradient, Z = P * R for dV after it
+        KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
+        ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
+      }
+      ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
+      if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
       const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
       const auto visible = [&](int64_t j, int64_t i) {
         return Visible(band, g.mask, b, n, r0 + i, c0 + j);
@@ -215,6 +238,7 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
   const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
   const int64_t q_off = Offset(g.q, b, band.q_start + r0, n);
+  const float scale = ScoreScale(g);
   LoadTransposed(a.query + q_off, g.q.seq, nr, d, ws.t1, kBlockQ);
   LoadTransposed(a.dout + Offset(g.out, b, band.q_start + r0, n), g.out.seq, nr, dv, ws.t2,
                  kBlockQ);
@@ -230,8 +254,13 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
                            false, ws.n2, ws.dvp);
     ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
     ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
+    AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, g.scale, ws.max, ws.sum, ws.delta, true);
+    if (g.dropout.mode != DropoutMode::kNone) {
+      KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
+      ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockQ, true);
+    }
+    ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
     const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
     MaskedGemm(ops, nr, d, nc, ws.dprob, 1, kBlockQ, k.data, k.ld, dq, ws.dp, full,
                [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
@@ -247,6 +276,7 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
   const Band band(seqs[it.seq]);
   const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
   const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
+  const float scale = ScoreScale(g);
   LoadTransposed(query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, g.head_dim, ws.t1,
                  kBlockQ);
   const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
@@ -255,6 +285,7 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
                            g.head_dim, false, ws.n1, ws.dp);
     ops.gemm(nc, nr, g.head_dim, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     for (int64_t i = 0; i < nr; ++i) {
       // Masked positions keep the caller's kMaskValue.
@@ -262,7 +293,7 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
                    (band.q_start + r0 + i) * strides[2] + band.kv_start + c0;
       for (int64_t j = 0; j < nc; ++j) {
         const float s = ws.s[j * kBlockQ + i];
-        if (s != kNegInf) out[j] = g.scale * s;
+        if (s != kNegInf) out[j] = scale * s;
       }
     }
   }

@@ -44,6 +44,51 @@ struct ElementMask {
   int64_t col = 1;
 };
 
+// Positional score bias (spec/attention_bias_dropout.md section 2), read or
+// computed tile by tile. P(b, n, i, j) for table row b, query head n and
+// sequence-local row i, column j:
+//   kTensor, kPacked: data[seq_base[b] + n * head + i * row + j], with
+//     row = kv_len of the sequence when row_is_kv_len (the TND packed full form);
+//   kCompressed (d = i - j): d >= 0: data[seq_base[b] + n * head + 1023 * width + width - 1 - d],
+//     -1023 <= d < 0: data[seq_base[b] + n * head + (1023 + d) * width + width - 1], else 0;
+//   kAlibi, kAlibiSqrt: (-slope) * a with slope = data[b * slope_batch + n] (float32),
+//     a = float(|dist|) (sqrtf of it for kAlibiSqrt),
+//     dist = (j + offsets[2b + 1]) - (i + offsets[2b]) exactly.
+// Tensor kinds hold the query's dtype. The score is f32(f32(x + P) * scale)
+// (pse_type 1) or f32(f32(scale * x) + P) (after_scale: pse_type 0, ALiBi).
+enum class BiasKind : int32_t {
+  kNone = 0, kTensor = 1, kCompressed = 2, kPacked = 3, kAlibi = 4, kAlibiSqrt = 5
+};
+
+struct PositionBias {
+  BiasKind kind = BiasKind::kNone;
+  bool after_scale = false;
+  const void* data = nullptr;
+  const int64_t* seq_base = nullptr;  // tensor kinds: one offset per table row
+  int64_t head = 0;
+  int64_t row = 0;
+  bool row_is_kv_len = false;
+  int64_t width = 0;
+  int64_t slope_batch = 0;            // ALiBi: 0 for slopes shared by every table row
+  const int32_t* offsets = nullptr;   // ALiBi: (B, 2) = [q_start_idx, kv_start_idx]
+};
+
+// Dropout of the normalized probabilities (section 3): keep(b, n, i, j) is
+//   kKey:  Threefry2x32(key = (keys[2b], keys[2b + 1]),
+//                       counter = (uint32(rows[b * N1 + n] + i), uint32(j))).y0 < threshold;
+//   kMask: bit e & 7 of mask[e >> 3], e = rows[b * N1 + n] + i * kv_len + j (64-bit).
+// Kept probabilities are multiplied by keep_scale; the statistics stay undropped.
+enum class DropoutMode : int32_t { kNone = 0, kKey = 1, kMask = 2 };
+
+struct Dropout {
+  DropoutMode mode = DropoutMode::kNone;
+  const uint32_t* keys = nullptr;  // (B, 2)
+  const uint32_t* rows = nullptr;  // (B, N1)
+  const uint8_t* mask = nullptr;   // kMask: bit-packed, LSB first
+  uint32_t threshold = 0;          // floor(keep_prob * 2^32)
+  float keep_scale = 1.0f;         // float32(1 / keep_prob)
+};
+
 struct AttentionGeometry {
   int64_t batch = 0;       // number of sequences (rows of the sequence table)
   int64_t q_heads = 0;     // N1
@@ -56,6 +101,8 @@ struct AttentionGeometry {
   Strides q, k, v, out;    // out: also for dout; dq/dk/dv use q/k/v strides
   Strides stats;           // softmax_max / softmax_sum (float32): dim axis absent
   ElementMask mask;
+  PositionBias bias;       // masked positions never read its value's effect
+  Dropout dropout;         // forward and backward only (scores ignore it)
 };
 
 // Float32 constants of the spec.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/threefry.h"
 
 namespace jax_rope::cpu::test {
 
@@ -28,12 +29,26 @@ struct Problem {
   double mask_density = 0.3;
   float scale = 0.0f;         // 0: 1/sqrt(d)
   double stat_tol = 1e-5;     // float32 statistics (large scores lose relative precision)
+  // Positional bias and dropout (spec/attention_bias_dropout.md), in the
+  // canonical operand forms of the kernels (attention_kernels.h).
+  BiasKind bias = BiasKind::kNone;
+  bool after_scale = false;   // pse_type 0 and ALiBi; pse_type 1 otherwise
+  int64_t bias_batch = 1;     // 1 or B: tensor/compressed Bp, ALiBi slope rows
+  bool bias_rows = true;      // batched kTensor: R = Sq (false: row-broadcast R = 1)
+  std::vector<int32_t> offsets;  // ALiBi: per table row (q_start_idx, kv_start_idx)
+  DropoutMode dropout = DropoutMode::kNone;
+  double keep_prob = 1.0;
 };
 
 struct Tensors {
   AttentionGeometry g;
   std::vector<float> q, k, v, dout;      // values exactly representable in the dtype
   std::vector<uint8_t> mask;
+  std::vector<float> bias;              // values exactly representable in the dtype
+  std::vector<int64_t> seq_base;
+  std::vector<int32_t> offsets;
+  std::vector<uint32_t> drop_keys, drop_rows;
+  std::vector<uint8_t> drop_mask;
   int64_t q_size = 0, k_size = 0, v_size = 0, o_size = 0, stat_size = 0;
   int64_t score_strides[3] = {0, 0, 0};
   int64_t score_size = 0;
@@ -48,6 +63,132 @@ Strides TensorStrides(const Problem& p, int64_t seq_len, int64_t heads, int64_t 
 template <typename T>
 float RoundTo(float x) {
   return ToFloat(FromFloat<T>(x));
+}
+
+bool Visible(const AttentionGeometry& g, const SequenceBand& s, int64_t b, int64_t n, int64_t i,
+             int64_t j);
+
+// Bias operand, ALiBi slopes/offsets and dropout operands of a problem. Tensor
+// entries that only invisible positions read hold NaN or Inf: they must have
+// no effect. The caller points g.bias.data at the typed copy of t.bias.
+template <typename T>
+void MakeBiasDropout(const Problem& p, Tensors& t, std::mt19937& rng) {
+  AttentionGeometry& g = t.g;
+  const int64_t nb = static_cast<int64_t>(p.seqs.size()), n1 = p.n1;
+  PositionBias& pb = g.bias;
+  pb.kind = p.bias;
+  pb.after_scale = p.after_scale;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int64_t size = 0, c_total = 0, max_kv = 1;
+  for (const SequenceBand& s : p.seqs) {
+    c_total += int64_t{s.q_len} * s.kv_len;
+    max_kv = std::max<int64_t>(max_kv, s.kv_len);
+  }
+  t.seq_base.assign(nb, 0);
+  const bool unique = p.bias == BiasKind::kPacked ||
+                      (p.bias == BiasKind::kTensor && !p.packed && p.bias_rows &&
+                       p.bias_batch == nb && (p.mask_kind == 0 || p.mask_kind == 1));
+  int64_t c_b = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const SequenceBand& s = p.seqs[b];
+    const int64_t bb = p.bias_batch == 1 ? 0 : b;
+    switch (p.bias) {
+      case BiasKind::kTensor:
+        if (p.packed) {  // (N1, Tkv)
+          t.seq_base[b] = s.kv_start;
+          pb.head = p.skv;
+          size = n1 * p.skv;
+        } else {         // (Bp, N1, R, Skv)
+          const int64_t rows = p.bias_rows ? p.sq : 1;
+          t.seq_base[b] = bb * n1 * rows * p.skv;
+          pb.head = rows * p.skv;
+          pb.row = p.bias_rows ? p.skv : 0;
+          size = p.bias_batch * n1 * rows * p.skv;
+        }
+        break;
+      case BiasKind::kPacked:  // (N1, C)
+        t.seq_base[b] = c_b;
+        c_b += int64_t{s.q_len} * s.kv_len;
+        pb.head = c_total;
+        pb.row_is_kv_len = true;
+        size = n1 * c_total;
+        break;
+      case BiasKind::kCompressed:  // (Bp, N1, 1024, W)
+        pb.width = p.packed ? max_kv : p.skv;
+        t.seq_base[b] = bb * n1 * 1024 * pb.width;
+        pb.head = 1024 * pb.width;
+        size = p.bias_batch * n1 * 1024 * pb.width;
+        break;
+      case BiasKind::kAlibi:
+      case BiasKind::kAlibiSqrt:
+        size = p.bias_batch * n1;  // slopes (Bs, N1)
+        pb.slope_batch = p.bias_batch == 1 ? 0 : n1;
+        break;
+      case BiasKind::kNone:
+        break;
+    }
+  }
+  t.bias.resize(size);
+  const bool alibi = p.bias == BiasKind::kAlibi || p.bias == BiasKind::kAlibiSqrt;
+  for (float& x : t.bias) {
+    x = alibi ? 0.05f + 0.4f * std::abs(normal(rng)) : RoundTo<T>(normal(rng));
+  }
+  if (unique) {
+    int64_t poison = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const SequenceBand& s = p.seqs[b];
+      for (int64_t n = 0; n < n1; ++n) {
+        for (int64_t i = 0; i < s.q_len; ++i) {
+          for (int64_t j = 0; j < s.kv_len; ++j) {
+            if (Visible(g, s, b, n, i, j)) continue;
+            const float bad[3] = {NAN, INFINITY, -INFINITY};
+            t.bias[t.seq_base[b] + n * pb.head + i * (p.packed ? s.kv_len : pb.row) + j] =
+                bad[poison++ % 3];
+          }
+        }
+      }
+    }
+  }
+  pb.seq_base = t.seq_base.data();
+  if (alibi) {
+    t.offsets = p.offsets;
+    t.offsets.resize(2 * nb, 0);
+    pb.offsets = t.offsets.data();
+    pb.data = t.bias.data();
+  }
+  // Dropout: position words as the Python side makes them (spec section 3.3).
+  Dropout& dr = g.dropout;
+  dr.mode = p.dropout;
+  if (p.dropout == DropoutMode::kNone) return;
+  dr.threshold = static_cast<uint32_t>(std::floor(p.keep_prob * 4294967296.0));
+  dr.keep_scale = static_cast<float>(1.0 / p.keep_prob);
+  std::uniform_int_distribution<uint32_t> words;
+  t.drop_keys.resize(2 * nb);
+  for (uint32_t& k : t.drop_keys) k = words(rng);
+  t.drop_rows.resize(nb * n1);
+  int64_t q_b = 0, e_b = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const SequenceBand& s = p.seqs[b];
+    for (int64_t n = 0; n < n1; ++n) {
+      const int64_t rows = p.packed ? n1 * q_b + n * s.q_len : (b * n1 + n) * p.sq;
+      const int64_t bits = p.packed ? n1 * e_b + n * s.q_len * s.kv_len : rows * p.skv;
+      t.drop_rows[b * n1 + n] = static_cast<uint32_t>(p.dropout == DropoutMode::kKey ? rows : bits);
+    }
+    q_b += s.q_len;
+    e_b += int64_t{s.q_len} * s.kv_len;
+  }
+  if (p.dropout == DropoutMode::kMask) {
+    const int64_t numel = p.packed ? n1 * e_b : nb * n1 * p.sq * p.skv;
+    t.drop_mask.resize((numel + 7) / 8 + 3);
+    std::bernoulli_distribution keep(p.keep_prob);
+    for (uint8_t& byte : t.drop_mask) {
+      byte = 0;
+      for (int bit = 0; bit < 8; ++bit) byte |= keep(rng) ? 1 << bit : 0;
+    }
+  }
+  dr.keys = t.drop_keys.data();
+  dr.rows = t.drop_rows.data();
+  dr.mask = t.drop_mask.data();
 }
 
 template <typename T>
@@ -117,6 +258,7 @@ Tensors MakeTensors(const Problem& p, std::mt19937& rng) {
     g.mask.head = mh == 1 ? 0 : rows * cols;
     g.mask.batch = mb == 1 ? 0 : mh * rows * cols;
   }
+  MakeBiasDropout<T>(p, t, rng);
   return t;
 }
 
@@ -137,6 +279,55 @@ struct Reference {
 
 int64_t Off(const Strides& s, int64_t b, int64_t row, int64_t head) {
   return b * s.batch + row * s.seq + head * s.head;
+}
+
+// The bias value P(b, n, i, j) of spec section 2.1 in the canonical forms.
+double ReferenceBias(const Problem& p, const Tensors& t, int64_t b, int64_t n, int64_t i,
+                     int64_t j) {
+  const PositionBias& pb = t.g.bias;
+  const SequenceBand& s = p.seqs[b];
+  const int64_t bb = p.bias_batch == 1 ? 0 : b;
+  switch (p.bias) {
+    case BiasKind::kNone:
+      return 0.0;
+    case BiasKind::kTensor:
+      if (p.packed) return t.bias[n * p.skv + s.kv_start + j];
+      return t.bias[((bb * p.n1 + n) * (p.bias_rows ? p.sq : 1) + (p.bias_rows ? i : 0)) * p.skv +
+                    j];
+    case BiasKind::kPacked:
+      return t.bias[n * pb.head + t.seq_base[b] + i * s.kv_len + j];
+    case BiasKind::kCompressed: {
+      const int64_t w = pb.width, d = i - j;
+      const int64_t base = (bb * p.n1 + n) * 1024 * w;
+      if (d >= 0) return t.bias[base + 1023 * w + w - 1 - d];
+      if (d >= -1023) return t.bias[base + (1023 + d) * w + w - 1];
+      return 0.0;
+    }
+    case BiasKind::kAlibi:
+    case BiasKind::kAlibiSqrt: {
+      const double dist = double(j + t.offsets[2 * b + 1]) - double(i + t.offsets[2 * b]);
+      const double a = p.bias == BiasKind::kAlibi ? std::abs(dist) : std::sqrt(std::abs(dist));
+      return -double(t.bias[bb * p.n1 + n]) * a;
+    }
+  }
+  return 0.0;
+}
+
+// keep(b, n, i, j) / keep_prob of spec section 3 (1 without dropout).
+double ReferenceKeep(const Problem& p, const Tensors& t, int64_t b, int64_t n, int64_t i,
+                     int64_t j) {
+  if (p.dropout == DropoutMode::kNone) return 1.0;
+  const uint32_t rows = t.drop_rows[b * p.n1 + n];
+  bool keep;
+  if (p.dropout == DropoutMode::kKey) {
+    const uint32_t y0 = Threefry2x32(t.drop_keys[2 * b], t.drop_keys[2 * b + 1],
+                                     uint32_t(rows + i), uint32_t(j)).y0;
+    keep = y0 < uint64_t(std::floor(p.keep_prob * 4294967296.0));
+  } else {
+    const uint64_t e = rows + uint64_t(i) * p.seqs[b].kv_len + j;
+    keep = (t.drop_mask[e / 8] >> (e % 8)) & 1;
+  }
+  return keep ? 1.0 / p.keep_prob : 0.0;
 }
 
 Reference ComputeReference(const Problem& p, const Tensors& t) {
@@ -166,10 +357,13 @@ Reference ComputeReference(const Problem& p, const Tensors& t) {
           const int64_t ko = Off(g.k, b, s.kv_start + j, h);
           double dot = 0.0;
           for (int64_t c = 0; c < g.head_dim; ++c) dot += double(t.q[qo + c]) * t.k[ko + c];
+          const double bias = ReferenceBias(p, t, b, n, i, j);
+          const double score =
+              p.after_scale ? double(g.scale) * dot + bias : double(g.scale) * (dot + bias);
           cols.push_back(j);
-          sc.push_back(double(g.scale) * dot);
+          sc.push_back(score);
           r.scores[b * t.score_strides[0] + n * t.score_strides[1] +
-                   (s.q_start + i) * t.score_strides[2] + s.kv_start + j] = g.scale * dot;
+                   (s.q_start + i) * t.score_strides[2] + s.kv_start + j] = score;
         }
         if (cols.empty()) continue;
         const double mx = *std::max_element(sc.begin(), sc.end());
@@ -178,18 +372,21 @@ Reference ComputeReference(const Problem& p, const Tensors& t) {
         r.max[so] = mx;
         r.sum[so] = sum;
         r.live[so] = 1;
-        std::vector<double> prob(cols.size()), dprob(cols.size());
-        for (size_t c = 0; c < cols.size(); ++c) prob[c] = std::exp(sc[c] - mx) / sum;
+        std::vector<double> prob(cols.size()), dprob(cols.size()), keep(cols.size());
+        for (size_t c = 0; c < cols.size(); ++c) {
+          prob[c] = std::exp(sc[c] - mx) / sum;
+          keep[c] = ReferenceKeep(p, t, b, n, i, cols[c]);
+        }
         double delta = 0.0;
         for (size_t c = 0; c < cols.size(); ++c) {
           const int64_t vo = Off(g.v, b, s.kv_start + cols[c], h);
           double dp = 0.0;
           for (int64_t e = 0; e < g.value_dim; ++e) {
-            r.out[oo + e] += prob[c] * t.v[vo + e];
+            r.out[oo + e] += prob[c] * keep[c] * t.v[vo + e];
             dp += double(t.dout[oo + e]) * t.v[vo + e];
           }
-          dprob[c] = dp;
-          delta += prob[c] * dp;
+          dprob[c] = dp * keep[c];  // dP = dZ * R; delta = sum P dP = dO . O
+          delta += prob[c] * dprob[c];
         }
         for (size_t c = 0; c < cols.size(); ++c) {
           const double ds = prob[c] * (dprob[c] - delta);
@@ -199,7 +396,9 @@ Reference ComputeReference(const Problem& p, const Tensors& t) {
             r.dq[qo + e] += g.scale * ds * t.k[ko + e];
             r.dk[ko + e] += g.scale * ds * t.q[qo + e];
           }
-          for (int64_t e = 0; e < g.value_dim; ++e) r.dv[vo + e] += prob[c] * t.dout[oo + e];
+          for (int64_t e = 0; e < g.value_dim; ++e) {
+            r.dv[vo + e] += prob[c] * keep[c] * t.dout[oo + e];
+          }
         }
       }
     }
@@ -316,6 +515,68 @@ std::vector<Problem> Cases() {
   cases.push_back(p);
   cases.push_back(Batched("empty band", 1, 50, 50, 5, 2));
   cases.push_back(Batched("all visible via floor", 1, 70, 90, -kInf, -kInf + 5, kInf));
+
+  // Positional bias and dropout.
+  p = Batched("pse full type 1 + mask per b,n + band", 2, 90, 110, -50, 30);
+  p.mask_kind = 1;
+  p.bias = BiasKind::kTensor;
+  p.bias_batch = 2;
+  cases.push_back(p);
+  p = Batched("pse row type 0 causal gqa + dropout key", 2, 130, 130, -kInf, 0);
+  p.n1 = 4;
+  p.n2 = 2;
+  p.bias = BiasKind::kTensor;
+  p.bias_rows = false;
+  p.after_scale = true;
+  p.dropout = DropoutMode::kKey;
+  p.keep_prob = 0.8;
+  cases.push_back(p);
+  p = Batched("pse compressed type 0", 2, 100, 100, -kInf, kInf);
+  p.bias = BiasKind::kCompressed;
+  p.after_scale = true;
+  p.bias_batch = 2;
+  cases.push_back(p);
+  p = Batched("alibi offsets + dropout mask", 2, 70, 150, -kInf, 80);
+  p.bias = BiasKind::kAlibi;
+  p.after_scale = true;
+  p.bias_batch = 2;
+  p.offsets = {3, 5, -7, 2};
+  p.dropout = DropoutMode::kMask;
+  p.keep_prob = 0.7;
+  cases.push_back(p);
+  p = Packed("packed pse type 1 + dropout key", {Seq(0, 5, 0, 7, -kInf, 2), Seq(0, 0, 0, 0),
+                                                 Seq(0, 70, 0, 66), Seq(0, 3, 0, 0),
+                                                 Seq(0, 80, 0, 90, -kInf, 10)});
+  p.n1 = 4;
+  p.n2 = 2;
+  p.d = 24;
+  p.dv = 8;
+  p.bias = BiasKind::kPacked;
+  p.dropout = DropoutMode::kKey;
+  p.keep_prob = 0.9;
+  p.scale = -0.3f;
+  cases.push_back(p);
+  p = Packed("packed row pse type 0 + mask + dropout mask",
+             {Seq(0, 33, 0, 40, -kInf, 7), Seq(0, 66, 0, 66, -kInf, 0), Seq(0, 1, 0, 1)});
+  p.mask_kind = 2;
+  p.n2 = 1;
+  p.bias = BiasKind::kTensor;
+  p.after_scale = true;
+  p.dropout = DropoutMode::kMask;
+  p.keep_prob = 0.5;
+  cases.push_back(p);
+  p = Packed("packed alibi sqrt, offsets of row 0 (mode 8)",
+             {Seq(0, 20, 0, 30, -kInf, 10), Seq(0, 70, 0, 70, -kInf, 0)});
+  p.bias = BiasKind::kAlibiSqrt;
+  p.after_scale = true;
+  p.offsets = {10, 0, 0, 0};
+  cases.push_back(p);
+  p = Packed("packed compressed type 1 + dropout key",
+             {Seq(0, 40, 0, 40, -kInf, 0), Seq(0, 75, 0, 75, -kInf, 0)});
+  p.bias = BiasKind::kCompressed;
+  p.dropout = DropoutMode::kKey;
+  p.keep_prob = 0.6;
+  cases.push_back(p);
   return cases;
 }
 
