@@ -14,7 +14,8 @@ registration per primitive with its lowering and partitioning), `rope/`,
 """
 
 from jax_rope._version import __version__
-from jax_rope.attention.api import attention_scores, flash_attention_score, sparse_mask
+from jax_rope.attention.api import (attention_scores, dropout_keep_mask, flash_attention_score,
+                                    sparse_mask)
 from jax_rope.attention.dot_product import dot_product_attention
 from jax_rope.attention.primitives import FFI_TARGETS as _ATTENTION_TARGETS
 from jax_rope.core.implementation import backend, set_backend
@@ -42,6 +43,7 @@ __all__ = [
     "context_parallel_attention",
     "describe",
     "dot_product_attention",
+    "dropout_keep_mask",
     "flash_attention_score",
     "positions_from_seq_lens",
     "rope_config",

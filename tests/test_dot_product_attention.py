@@ -48,13 +48,24 @@ CASES = [
     ("mask_rank2_keypad_scale", 2, 5, 7, 2, 2, lambda: {
         "mask": _mask((5, 7), 5, 7), "key_value_seq_lengths": jnp.array([4, 7], jnp.int32),
         "scale": 0.3}),
+    ("bias_BNTS_causal", 2, 6, 6, 4, 2, lambda: {
+        "bias": jnp.asarray(RNG.standard_normal((2, 4, 6, 6)), jnp.float32), "is_causal": True}),
+    ("bias_rank2_window", 1, 5, 7, 2, 1, lambda: {
+        "bias": jnp.asarray(RNG.standard_normal((5, 7)), jnp.float32), "local_window_size": 2}),
 ]
 
 
 def _value_and_grads(fn, kw, cot):
-    """One jitted function: the output and the gradients of <out, cot> w.r.t. q, k, v."""
+    """One jitted function: the output and the gradients of <out, cot> w.r.t. q, k, v (and
+    bias, when the case has one)."""
+    kw = dict(kw)
+    bias = kw.pop("bias", None)
+
     def run(q, k, v):
-        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kw), q, k, v)
+        if bias is None:
+            out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kw), q, k, v)
+        else:
+            out, vjp = jax.vjp(lambda q, k, v, b: fn(q, k, v, b, **kw), q, k, v, bias)
         return out, vjp(cot)
     return jax.jit(run)
 
@@ -144,7 +155,8 @@ def test_translation_uses_the_sparse_modes():
 
 
 @pytest.mark.parametrize("kwargs, exc, match", [
-    ({"bias": jnp.zeros((1, 1, 4, 6))}, NotImplementedError, "bias is not supported yet"),
+    ({"bias": jnp.zeros((1, 3, 4, 6))}, ValueError, r"bias must be broadcastable to "
+                                                    r"\(B, N, T, S\) = \(1, 2, 4, 6\)"),
     ({"mask": jnp.ones((1, 3, 4, 6), bool)}, ValueError, r"mask must be broadcastable to "
                                                          r"\(B, N, T, S\) = \(1, 2, 4, 6\)"),
     ({"mask": jnp.ones((1, 1, 1, 4, 6), bool)}, ValueError, "mask must be broadcastable"),

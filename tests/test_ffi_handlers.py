@@ -87,15 +87,61 @@ def test_process_survives_and_still_computes_after_errors():
     assert np.isfinite(np.asarray(out[0])).all()
 
 
-def call_attention_forward(q, k, v, table, layout=BSND, mask=None):
+# What the lowering passes for absent optional operands (attention/primitives.py).
+PLACEHOLDERS = dict(mask=np.zeros((1, 1, 1, 1), np.uint8), bias=np.zeros((1,), np.float32),
+                    offsets=np.zeros((1, 2), np.int32), drop_keys=np.zeros((1, 2), np.uint32),
+                    drop_rows=np.zeros((1, 1), np.uint32), drop_mask=np.zeros((1,), np.uint8))
+
+
+def call_attention_forward(q, k, v, table, layout=BSND, mask=None, bias_kind=0, after_scale=0,
+                           dropout=0, keep_threshold=2**32, keep_scale=1.0, **extras):
     """A raw call of the attention forward handler (statistics (B, N1, Sq) or (Tq, N1))."""
     stats = (q.shape[0], q.shape[2], q.shape[1]) if layout == BSND else (q.shape[0], q.shape[1])
     outs = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
             jax.ShapeDtypeStruct(stats, jnp.float32), jax.ShapeDtypeStruct(stats, jnp.float32))
-    mask = jnp.zeros((1, 1, 1, 1), jnp.uint8) if mask is None else mask
+    operands = dict(PLACEHOLDERS, **extras)
+    if mask is not None:
+        operands["mask"] = mask
     fn = jax.ffi.ffi_call("jax_rope_attention_fwd", outs)
-    return jax.block_until_ready(fn(q, k, v, table, mask, layout=layout,
-                                    scale=np.float32(0.5), has_mask=np.int32(mask.size > 1)))
+    return jax.block_until_ready(fn(
+        q, k, v, table, *operands.values(), layout=layout, scale=np.float32(0.5),
+        has_mask=np.int32(operands["mask"].size > 1), bias_kind=np.int32(bias_kind),
+        bias_after_scale=np.int32(after_scale), dropout=np.int32(dropout),
+        keep_threshold=np.int64(keep_threshold), keep_scale=np.float32(keep_scale)))
+
+
+_B, _S, _N = 2, 8, 2
+_ROWS = np.arange(_B * _N, dtype=np.uint32).reshape(_B, _N) * (_S * _S)
+_KEYS = np.zeros((_B, 2), np.uint32)
+_DROP = dict(dropout=1, keep_threshold=2**31, keep_scale=2.0, drop_keys=_KEYS, drop_rows=_ROWS)
+
+
+@pytest.mark.parametrize("extras, match", [
+    (dict(bias_kind=1, bias=np.zeros((1, _N, _S, _S), np.float16)), "pse must have query's"),
+    (dict(bias_kind=1, bias=np.zeros((1, _N, _S, _S - 1), np.float32)), "pse must be"),
+    (dict(bias_kind=1, bias=np.zeros((3, _N, _S, _S), np.float32)), "pse must be"),
+    (dict(bias_kind=2, bias=np.zeros((1, _N, 1023, _S), np.float32)), "1024"),
+    (dict(bias_kind=3, bias=np.zeros((_N, _B * _S * _S), np.float32)), "TND"),
+    (dict(bias_kind=4, after_scale=1, bias=np.ones((1, _N), np.float16),
+          offsets=np.zeros((_B, 2), np.int32)), "float32"),
+    (dict(bias_kind=5, after_scale=1, bias=np.ones((1, _N), np.float32)), "offsets"),
+    (dict(bias_kind=7), "bias_kind"),
+    (dict(_DROP, keep_threshold=2**32), "keep_threshold"),
+    (dict(_DROP, drop_keys=np.zeros((1, 2), np.uint32)), "drop_keys"),
+    (dict(_DROP, drop_rows=np.zeros((_B, _N + 1), np.uint32)), "drop_rows"),
+    (dict(_DROP, dropout=2, drop_mask=np.zeros((_B * _N * _S * _S // 8 - 1,), np.uint8)),
+     "dropout_mask has 31 bytes"),
+    (dict(_DROP, dropout=3), "unknown dropout mode"),
+])
+def test_attention_handler_refuses_bad_bias_and_dropout_operands(extras, match):
+    """The C++ handler re-checks every optional operand against its kind: an FFI error, never
+    a crash (the Python side never builds these)."""
+    q = jnp.ones((_B, _S, _N, 4), jnp.float32)
+    big = 1 << 30
+    table = jnp.asarray([[0, _S, 0, _S, -big, big, -big]] * _B, jnp.int32)
+    with pytest.raises(Exception, match=match):
+        call_attention_forward(q, q, q, table, **extras)
+    call_attention_forward(q, q, q, table, **_DROP)  # the good call runs
 
 
 OPEN_BAND = [-(1 << 30), 1 << 30, -(1 << 30)]

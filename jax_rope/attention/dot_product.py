@@ -107,6 +107,18 @@ def _visible(mask, q_lens, kv_lens, b, n, t, s):
     return jnp.broadcast_to(visible, shape)
 
 
+def _bias(bias, dtype, b, n, t, s):
+    """jax.nn's bias as a (B|1, N, T|1, S) pse of query's dtype (added after scaling)."""
+    bias = _array("bias", bias)
+    full = (b, n, t, s)
+    shape = (1,) * (4 - len(bias.shape)) + tuple(bias.shape)
+    if len(bias.shape) > 4 or any(a not in (1, f) for a, f in zip(shape, full)):
+        raise ValueError(f"{_NAME}: bias must be broadcastable to (B, N, T, S) = {full} with each "
+                         f"axis 1 or full, got shape {tuple(bias.shape)}")
+    target = (shape[0], n, shape[2], s)
+    return jnp.broadcast_to(bias.reshape(shape), target).astype(dtype)
+
+
 def _sparse_call(is_causal, window, t, s, has_mask):
     """(sparse_mode, pre_tokens, next_tokens) for the top-left causal/window band."""
     if window is None and not is_causal:
@@ -135,8 +147,9 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     Args:
       query: (B, T, N, H) or (T, N, H); key: (B, S, K, H) or (S, K, H), N % K == 0; value:
         key's shape (its head dim may also be smaller). float32, float16 or bfloat16, one dtype.
-      bias: not supported yet (an additive score bias needs flash_attention_score's positional
-        bias, pse, which has not landed): anything but None raises NotImplementedError.
+      bias: additive score bias after scaling, broadcastable to (B, N, T, S) (rank <= 4, each
+        axis 1 or full); cast to query's dtype; passed as flash_attention_score's
+        pse (pse_type 0), so the gradient w.r.t. bias is dpse.
       mask: bool, True = attend, broadcastable to (B, N, T, S) (rank <= 4, each axis 1 or full).
       scale: None means 1/sqrt(H).
       is_causal: top-left causal (query i sees keys j <= i), as jax.nn.
@@ -148,7 +161,8 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
         "fallback" name a jax_rope backend directly. "cudnn" is an error.
 
     Returns:
-      query's shape and dtype with value's head dim. Differentiable w.r.t. query, key, value.
+      query's shape and dtype with value's head dim. Differentiable w.r.t. query, key, value
+      and bias.
 
     Differences from jax.nn: a query row that sees no key (fully masked by mask, window or
     key_value_seq_lengths) gives 0 and zero gradient, not the average of value; no
@@ -159,12 +173,6 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
       TypeError/ValueError at trace time naming the argument (mask, lengths, window,
       implementation, and flash_attention_score's rules for query/key/value/scale).
     """
-    if bias is not None:
-        raise NotImplementedError(
-            f"{_NAME}: bias is not supported yet (an additive score bias needs "
-            f"flash_attention_score's positional bias, pse); got an array of shape "
-            f"{tuple(np.shape(bias))}. Use mask for boolean masking, or "
-            "jax.nn.dot_product_attention")
     chosen = _implementation(implementation)
     query, key, value = (_array(n, x) for n, x in (("query", query), ("key", key),
                                                    ("value", value)))
@@ -185,12 +193,14 @@ def dot_product_attention(query, key, value, bias=None, mask=None, *, scale=None
     kv_lens = _lengths("key_value_seq_lengths", key_value_seq_lengths, b)
     visible = _visible(mask, q_lens, kv_lens, b, n, t, s)
     mode, pre, nxt = _sparse_call(bool(is_causal), window, t, s, visible is not None)
+    pse = None if bias is None else _bias(bias, query.dtype, b, n, t, s)
 
     def call():
         out, _, _ = flash_attention_score(
             query, key, value, input_layout="BSND", scale=scale, sparse_mode=mode,
             pre_tokens=pre, next_tokens=nxt,
-            atten_mask=None if visible is None else jnp.logical_not(visible))
+            atten_mask=None if visible is None else jnp.logical_not(visible),
+            pse=pse, pse_type=1 if pse is None else 0)
         return out
 
     if chosen is None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jax_rope.attention import masks
+from jax_rope.attention import bias, dropout, masks
 from jax_rope.attention.options import DEAD_ROW_SUM, MASK_VALUE, AttentionOptions
 
 
@@ -45,19 +46,41 @@ def _visibility(options, table, q_len, kv_len, mask):
     return masks.padded_visibility(table, q_len, kv_len, mask)
 
 
-def _dot_products(options, query, key, table, mask):
+def score_grid(options, query, key):
+    """(rows, cols) of the score grid: (Sq, Skv), or (Tq, Tkv) for TND."""
+    seq = options.layout_info.roles.seq
+    return query.shape[seq], key.shape[seq]
+
+
+def _extras(options, extras, names=None):
+    return dict(zip(options.extra_names if names is None else names, extras))
+
+
+def _dot_products(options, query, key, table, extras):
     """Unscaled float32 q.k (B, N1, Sq, Skv) and visibility broadcastable to them."""
     q = _to_bnsd(query, options).astype(jnp.float32)
     k = _to_bnsd(key, options).astype(jnp.float32)
     k = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1)
     dots = jnp.einsum("bnqd,bnkd->bnqk", q, k)
-    return dots, _visibility(options, table, q.shape[2], k.shape[2], mask)
+    return dots, _visibility(options, table, q.shape[2], k.shape[2], extras.get("mask"))
 
 
-def _dense_scores(options, query, key, table, mask):
-    """Scaled float32 scores (B, N1, Sq, Skv) and visibility broadcastable to them."""
-    dots, visible = _dot_products(options, query, key, table, mask)
-    return options.scale * dots, visible
+def _dense_scores(options, query, key, table, extras):
+    """float32 scores with the bias (B, N1, Sq, Skv) and visibility broadcastable to them."""
+    dots, visible = _dot_products(options, query, key, table, extras)
+    values = None
+    if options.bias is not None:
+        values = bias.values(options, extras["bias"], extras.get("offsets"), table,
+                             dots.shape[2], dots.shape[3])
+    return bias.biased_scores(options, dots, values), visible
+
+
+def _keep_scale(options, table, extras, shape):
+    """R = keep / keep_prob over the score grid, or None without dropout."""
+    if options.dropout is None:
+        return None
+    keep = dropout.keep_bits(options, table, extras, shape[2], shape[3])
+    return jnp.where(keep, dropout.keep_scale(options.keep_prob), np.float32(0))
 
 
 def _finite_and_cleaned(x):
@@ -83,8 +106,9 @@ def _masked_product(equation, a, x, visible):
     return jnp.where(seen > 0, jnp.nan, clean)
 
 
-def attention_scores(query, key, table, *mask, options: AttentionOptions):
-    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
+def attention_scores(query, key, table, *extras, options: AttentionOptions):
+    extras = _extras(options, extras, options.score_extra_names)
+    scores, visible = _dense_scores(options, query, key, table, extras)
     scores = jnp.where(visible, scores, MASK_VALUE)
     return scores[0] if options.varlen else scores
 
@@ -96,44 +120,75 @@ def _probabilities(scores, visible, softmax_max, softmax_sum):
     return jnp.where(visible & live[..., None], p, 0.0)  # masked: exactly 0, even if sum is NaN
 
 
-def attention_forward(query, key, value, table, *mask, options: AttentionOptions):
-    """(out, softmax_max, softmax_sum) with the spec's dead-row convention."""
-    dots, visible = _dot_products(options, query, key, table, mask[0] if mask else None)
+def _exponentials(options, query, key, table, extras):
+    """(unnormalized exp of the visible scores, visibility, live rows, row max)."""
+    dots, visible = _dot_products(options, query, key, table, extras)
     visible = jnp.broadcast_to(visible, dots.shape)
     live = visible.any(axis=-1)
-    # exp(scale * s - max) as exp(|scale| * (t - max t)), t = sign(scale) * s: the
-    # difference is taken before scaling, so large logits keep the statistics' precision
-    # (XLA would contract `scale * s - max` into a fused multiply-add). max(scale * s) is
-    # |scale| * max t, rounded once, as the rounded scores' max.
-    t = dots if options.scale >= 0 else -dots
-    t_max = jnp.max(jnp.where(visible, t, -jnp.inf), axis=-1, initial=-jnp.inf)  # Skv may be 0
-    safe_max = jnp.where(live, t_max, 0.0)[..., None]
-    p = jnp.where(visible, jnp.exp(abs(options.scale) * (t - safe_max)), 0.0)
-    row_max = jnp.where(live, abs(options.scale) * t_max, MASK_VALUE)
+    if options.bias is None:
+        # exp(scale * s - max) as exp(|scale| * (t - max t)), t = sign(scale) * s: the
+        # difference is taken before scaling, so large logits keep the statistics' precision
+        # (XLA would contract `scale * s - max` into a fused multiply-add). max(scale * s) is
+        # |scale| * max t, rounded once, as the rounded scores' max.
+        t = dots if options.scale >= 0 else -dots
+        t_max = jnp.max(jnp.where(visible, t, -jnp.inf), axis=-1, initial=-jnp.inf)
+        safe_max = jnp.where(live, t_max, 0.0)[..., None]
+        p = jnp.where(visible, jnp.exp(abs(options.scale) * (t - safe_max)), 0.0)
+        return p, visible, live, abs(options.scale) * t_max
+    values = bias.values(options, extras["bias"], extras.get("offsets"), table,
+                         dots.shape[2], dots.shape[3])
+    s = bias.biased_scores(options, dots, values)
+    s_max = jnp.max(jnp.where(visible, s, -jnp.inf), axis=-1, initial=-jnp.inf)
+    safe_max = jnp.where(live, s_max, 0.0)[..., None]
+    p = jnp.where(visible, jnp.exp(jnp.where(visible, s, 0.0) - safe_max), 0.0)
+    return p, visible, live, s_max
+
+
+def attention_forward(query, key, value, table, *extras, options: AttentionOptions):
+    """(out, softmax_max, softmax_sum) with the spec's dead-row convention; dropout scales
+    the kept probabilities after normalization (statistics undropped)."""
+    extras = _extras(options, extras)
+    p, visible, live, top = _exponentials(options, query, key, table, extras)
+    row_max = jnp.where(live, top, MASK_VALUE)
     row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
+    kept = _keep_scale(options, table, extras, p.shape)
     v = _to_bnsd(value, options).astype(jnp.float32)
-    v = jnp.repeat(v, dots.shape[1] // v.shape[1], axis=1)
-    out = _masked_product("bnqk,bnkd->bnqd", p, v, visible) / row_sum[..., None]
+    v = jnp.repeat(v, p.shape[1] // v.shape[1], axis=1)
+    weights = p if kept is None else p * kept
+    out = _masked_product("bnqk,bnkd->bnqd", weights, v, visible) / row_sum[..., None]
     out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
     return (_from_bnsd(out, options), _stats_layout(row_max, options),
             _stats_layout(row_sum, options))
 
 
-def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, table, *mask,
-                       options: AttentionOptions):
-    """(dquery, dkey, dvalue) from the saved statistics (P recomputed)."""
-    scores, visible = _dense_scores(options, query, key, table, mask[0] if mask else None)
+def _score_gradient(options, query, key, value, out, dout, softmax_max, softmax_sum, table,
+                    extras):
+    """(P, dS, R or None, visibility) over the dense score grid (spec section 4)."""
+    scores, visible = _dense_scores(options, query, key, table, extras)
     p = _probabilities(scores, visible, _stats_from_layout(softmax_max, options),
                        _stats_from_layout(softmax_sum, options))
-    q = _to_bnsd(query, options).astype(jnp.float32)
-    k = _to_bnsd(key, options).astype(jnp.float32)
     v = _to_bnsd(value, options).astype(jnp.float32)
     o = _to_bnsd(out, options).astype(jnp.float32)
     do = _to_bnsd(dout, options).astype(jnp.float32)
-    group = q.shape[1] // k.shape[1]
     row_delta = jnp.sum(do * o, axis=-1, keepdims=True)
-    dp = jnp.einsum("bnqd,bnkd->bnqk", do, jnp.repeat(v, group, axis=1))
+    dp = jnp.einsum("bnqd,bnkd->bnqk", do, jnp.repeat(v, p.shape[1] // v.shape[1], axis=1))
+    kept = _keep_scale(options, table, extras, p.shape)
+    if kept is not None:
+        dp = dp * kept
     ds = jnp.where(visible, p * (dp - row_delta), 0.0)  # exactly 0 where masked, even if dp isn't
+    return p, ds, kept, visible
+
+
+def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, table, *extras,
+                       options: AttentionOptions):
+    """(dquery, dkey, dvalue) from the saved statistics (P and the keep mask recomputed)."""
+    extras = _extras(options, extras)
+    p, ds, kept, visible = _score_gradient(options, query, key, value, out, dout, softmax_max,
+                                           softmax_sum, table, extras)
+    q = _to_bnsd(query, options).astype(jnp.float32)
+    k = _to_bnsd(key, options).astype(jnp.float32)
+    do = _to_bnsd(dout, options).astype(jnp.float32)
+    group = q.shape[1] // k.shape[1]
     dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1),
                                          visible)
 
@@ -141,6 +196,16 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
         return x.reshape((x.shape[0], k.shape[1], group) + x.shape[2:]).sum(axis=2)
 
     dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
-    dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", p, do, visible))
+    weights = p if kept is None else p * kept
+    dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", weights, do, visible))
     return tuple(_from_bnsd(g.astype(x.dtype), options)
                  for g, x in ((dq, query), (dk, key), (dv, value)))
+
+
+def bias_value_gradient(query, key, value, out, dout, softmax_max, softmax_sum, table, *extras,
+                        options: AttentionOptions):
+    """d(bias values) over the dense score grid (B, N1, Sq, Skv), TND (1, N1, Tq, Tkv):
+    scale * dS for pse_type 1, dS otherwise (spec section 4)."""
+    _, ds, _, _ = _score_gradient(options, query, key, value, out, dout, softmax_max,
+                                  softmax_sum, table, _extras(options, extras))
+    return ds * np.float32(options.scale) if options.pse_type == 1 else ds

@@ -146,7 +146,7 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_token
     heads = np.shape(atten_mask)[1] if atten_mask is not None and np.ndim(atten_mask) == 4 else 1
     query = jnp.zeros(shape_q[:-2] + (heads, 1), jnp.float32)
     key = jnp.zeros(shape_kv, jnp.float32)
-    options, sizes, _, mask, prefix, _ = attention_options.attention_call(
+    options, sizes, _, mask, prefix, _, _ = attention_options.attention_call(
         query, key, key, input_layout="TND" if varlen else "BSND", head_num=None, scale=None,
         sparse_mode=sparse_mode, pre_tokens=pre_tokens, next_tokens=next_tokens,
         atten_mask=atten_mask, prefix=prefix, actual_seq_qlen=actual_seq_qlen,

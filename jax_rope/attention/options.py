@@ -38,6 +38,14 @@ class AttentionOptions:
     next_tokens: int
     has_mask: bool  # an element mask operand follows the sequence table
     backend: str
+    # spec/attention_bias_dropout.md (bias.py, dropout.py)
+    pse_type: int = 1
+    bias: str | None = None  # kernel kind: tensor, compressed, packed, alibi, alibi_sqrt
+    bias_form: str | None = None  # the caller's form: full, row, compressed, packed_*, slopes
+    static_offsets: tuple | None = (0, 0)  # (q_start_idx, kv_start_idx) when concrete
+    static_lengths: tuple | None = None  # TND ((Sq_b...), (Skv_b...)) when concrete
+    dropout: str | None = None  # None, "key" (dropout_key) or "mask" (dropout_mask)
+    keep_prob: float = 1.0
 
     @property
     def layout_info(self) -> AttentionLayout:
@@ -46,6 +54,22 @@ class AttentionOptions:
     @property
     def varlen(self) -> bool:
         return self.layout == "TND"
+
+    @property
+    def extra_names(self) -> tuple:
+        """The optional operands after the sequence table, in order."""
+        names = ("mask",) if self.has_mask else ()
+        if self.bias is not None:
+            names += ("bias", "offsets") if self.bias.startswith("alibi") else ("bias",)
+        if self.dropout is not None:
+            names += ("drop_keys", "drop_rows")
+            names += ("drop_mask",) if self.dropout == "mask" else ()
+        return names
+
+    @property
+    def score_extra_names(self) -> tuple:
+        """Those of the scores primitive (no dropout)."""
+        return tuple(n for n in self.extra_names if not n.startswith("drop_"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,22 +235,25 @@ def _check_mask(atten_mask, mode, sizes, varlen):
 
 def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_mode,
                    pre_tokens, next_tokens, atten_mask, prefix, actual_seq_qlen,
-                   actual_seq_kvlen, backend, needs_value=True):
+                   actual_seq_kvlen, backend, needs_value=True, pse=None, pse_type=1,
+                   q_start_idx=0, kv_start_idx=0, keep_prob=1.0, dropout_key=None,
+                   dropout_mask=None):
     """Validates a public call at trace time: returns (options, sizes, (q, k, v) with heads,
-    mask, prefix, value_checks). The rules that depend on values of actual_seq_qlen/kvlen or
+    mask, prefix, value_checks, extra_inputs) where extra_inputs holds the validated bias
+    and dropout arguments (bias.py, dropout.py; see ops.prepare). The rules that depend on values of actual_seq_qlen/kvlen or
     prefix are checked here when those are concrete; `value_checks` checks traced ones when
     the computation runs (ops.prepare, core/runtime_checks.py)."""
     if not isinstance(input_layout, str) or input_layout not in ATTENTION_LAYOUTS:
         raise ValueError(f"input_layout must be one of {sorted(ATTENTION_LAYOUTS)}, "
                          f"got {input_layout!r}")
-    info = ATTENTION_LAYOUTS[input_layout]
+    layout = ATTENTION_LAYOUTS[input_layout]
     mode = check_int("sparse_mode", sparse_mode)
     if mode not in sparse_modes.RULES:
         raise ValueError(f"sparse_mode must be in 0..8, got {mode}")
     layouts = sparse_modes.rule(mode).layouts
-    if layouts == "TND" and info.name != "TND":
-        raise ValueError(f"sparse_mode {mode} needs input_layout TND, got {info.name}")
-    if layouts == "padded" and info.name == "TND":
+    if layouts == "TND" and layout.name != "TND":
+        raise ValueError(f"sparse_mode {mode} needs input_layout TND, got {layout.name}")
+    if layouts == "padded" and layout.name == "TND":
         raise ValueError(f"sparse_mode {mode} is not supported with input_layout TND")
     pre = check_int("pre_tokens", pre_tokens)
     nxt = check_int("next_tokens", next_tokens)
@@ -238,14 +265,14 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
             raise TypeError(f"{name} must be an array, got {type(x).__name__}")
     named = [("query", query), ("key", key)] + ([("value", value)] if needs_value else [])
     check_dtypes(named)
-    _check_ranks(info, query, key, value)
-    n1, n2 = _head_counts(info, query, key, value, head_num)
-    sizes = _check_shapes(info, query, key, value, n1, n2)
+    _check_ranks(layout, query, key, value)
+    n1, n2 = _head_counts(layout, query, key, value, head_num)
+    sizes = _check_shapes(layout, query, key, value, n1, n2)
     for name, length in (("query", sizes.q_len), ("key", sizes.kv_len)):
         if length > sparse_modes.UNLIMITED:
             raise ValueError(f"{name} sequence length must be <= {sparse_modes.UNLIMITED} (the "
                              f"band table's limit, 2**30), got {length}")
-    varlen = info.name == "TND"
+    varlen = layout.name == "TND"
     sizes = _check_length_arrays(sizes, actual_seq_qlen, actual_seq_kvlen, varlen)
     mask = _check_mask(atten_mask, mode, sizes, varlen)
     prefix = _check_prefix_array(prefix, mode, sizes)
@@ -253,12 +280,38 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
                          tuple(atten_mask.shape) if varlen and mask is not None else None,
                          mask is not None)
     checks(actual_seq_qlen, actual_seq_kvlen, prefix)  # what is concrete now
+    pairs = checks.pairs(actual_seq_qlen, actual_seq_kvlen)
+    from jax_rope.attention import bias, dropout  # they build on masks.py, which needs us
+    info, pse, offsets = bias.check_pse(
+        pse, pse_type, q_start_idx, kv_start_idx, query_dtype=query.dtype, batch=sizes.batch,
+        heads=n1, q_len=sizes.q_len, kv_len=sizes.kv_len, varlen=varlen, mode=mode,
+        pairs=pairs if varlen else None)
+    if varlen and info.form == "compressed":
+        checks = dataclasses.replace(checks, compressed_width=int(pse.shape[-1]))
+        checks(actual_seq_qlen, actual_seq_kvlen, prefix)
+    if not needs_value:
+        keep_prob, dropout_key, dropout_mask = 1.0, None, None
+    positions = n1 * sizes.q_len * (1 if varlen else sizes.batch)
+    numel = None if pairs is None else n1 * sum(a * b for a, b in pairs) * (
+        1 if varlen else sizes.batch)
+    dropout_mode, keep_prob, words, drop_mask = dropout.check_dropout(
+        keep_prob, dropout_key, dropout_mask, positions=positions, row_words=sizes.kv_len,
+        numel=numel)
+    static_lengths = None
+    if varlen and pairs is not None and (info.kind is not None or dropout_mode is not None):
+        static_lengths = tuple(tuple(p[k] for p in pairs) for k in (0, 1))
     if scale is None:
         scale = 1.0 / math.sqrt(sizes.head_dim)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)):
         raise TypeError(f"scale must be a float or None, got {scale!r}")
     elif not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale!r}")
-    options = AttentionOptions(info.name, float(scale), mode, pre, nxt, mask is not None, backend)
-    heads = tuple(split_heads(x, info, n) for x, n in ((query, n1), (key, n2), (value, n2)))
-    return options, sizes, heads, mask, prefix, checks
+    options = AttentionOptions(
+        layout.name, float(scale), mode, pre, nxt, mask is not None, backend,
+        pse_type=info.pse_type, bias=info.kind, bias_form=info.form,
+        static_offsets=info.static_offsets, static_lengths=static_lengths,
+        dropout=dropout_mode, keep_prob=keep_prob)
+    heads = tuple(split_heads(x, layout, n) for x, n in ((query, n1), (key, n2), (value, n2)))
+    extra_inputs = {"pse": pse, "offsets": offsets, "key_words": words, "drop_mask": drop_mask,
+                    "pairs": pairs}
+    return options, sizes, heads, mask, prefix, checks, extra_inputs

@@ -5,9 +5,10 @@ covers the call; scores have no NPU kernel), the jnp fallback elsewhere, and
 the factor map that partitions a sharded call.
 
 Operands are canonical (head axis present, see fallback.py): query, key[,
-value, ...], the int32 (B, 7) sequence table of masks.py and, when
-options.has_mask, a uint8 element mask. The handlers always take a mask
-operand: a 1x1x1x1 placeholder when there is none.
+value, ...], the int32 (B, 7) sequence table of masks.py and the optional
+operands `options.extra_names` lists (element mask, bias, ALiBi offsets,
+dropout keys/position words/packed mask; see ops.py). The CPU handlers always
+take every optional operand: a small placeholder for an absent one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_rope import npu
-from jax_rope.attention import fallback
+from jax_rope.attention import dropout, fallback
 from jax_rope.attention.masks import KV_START, Q_START
 from jax_rope.attention.npu_lowering import npu_backward, npu_forward, npu_gap
 from jax_rope.attention.options import AttentionOptions
@@ -67,10 +68,11 @@ def _bwd_abstract_eval(query, key, value, out, dout, softmax_max, softmax_sum, t
 
 
 # --- batching -------------------------------------------------------------------
-# A vmapped axis folds into the batch axis (padded layouts: the table gets a
-# row per folded entry) or the token axis (TND: each copy's sequences are
-# shifted by the copy's token offset). Per-copy TND masks and TND scores, whose
-# output is not foldable, map over the copies instead.
+# A vmapped axis folds into the batch axis (padded layouts: the table and every
+# per-row operand get a row per folded entry) or the token axis (TND: each
+# copy's sequences are shifted by the copy's token offset). TND scores, TND
+# calls with per-copy masks or any bias/dropout, and per-copy packed dropout
+# masks map over the copies instead.
 
 def _map_over_copies(prim, args, dims, options):
     size = batching.mapped_size(args, dims)
@@ -79,12 +81,34 @@ def _map_over_copies(prim, args, dims, options):
     return outs, (0 if not prim.multiple_results else [0] * len(outs))
 
 
+def _extra_names(name, options):
+    return options.score_extra_names if name == SCORES else options.extra_names
+
+
+def _folded_extra(name, x, dim, size, rows):
+    """An optional operand of a padded-layout call with the vmapped axis folded into
+    its (batch or sequence-table row) axis 0."""
+    if name in ("offsets", "drop_keys", "drop_rows"):  # one row per table row
+        return batching.merge(batching.moved(x, dim, 0, size), 0)
+    if name == "drop_mask":  # unbatched here: every copy reads the same bits
+        return x
+    if dim is None and x.shape[0] == 1:  # broadcast over the batch: stays so
+        return x
+    x = batching.moved(x, dim, 0, size)
+    return batching.merge(jnp.broadcast_to(x, (size, rows) + x.shape[2:]), 0)
+
+
 def _batch_rule(name, num_tensors, stats_slots):
     def rule(args, dims, *, options: AttentionOptions):
         prim = PRIMITIVES[name]
-        table_at = len(args) - 1 - options.has_mask
-        mask_batched = options.has_mask and dims[-1] is not None
-        if options.varlen and (mask_batched or name == SCORES):
+        names = _extra_names(name, options)
+        table_at = len(args) - 1 - len(names)
+        extra_dims = dict(zip(names, dims[table_at + 1:]))
+        per_copy = (options.varlen and (name == SCORES or options.bias is not None
+                                        or options.dropout is not None
+                                        or extra_dims.get("mask") is not None)
+                    or extra_dims.get("drop_mask") is not None)
+        if per_copy:
             return _map_over_copies(prim, args, dims, options)
         size = batching.mapped_size(args, dims)
         fold = options.layout_info.roles.fold_axis
@@ -94,6 +118,7 @@ def _batch_rule(name, num_tensors, stats_slots):
         for i in stats_slots:
             folded[i] = batching.merge(batching.moved(args[i], dims[i], 0, size), 0)
         table = batching.moved(args[table_at], dims[table_at], 0, size)
+        rows = table.shape[1]
         if options.varlen:
             copy = jnp.arange(size, dtype=jnp.int32)[:, None]
             q_tokens = folded[0].shape[fold] // size
@@ -101,12 +126,10 @@ def _batch_rule(name, num_tensors, stats_slots):
             table = (table.at[..., Q_START].add(copy * q_tokens)
                      .at[..., KV_START].add(copy * kv_tokens))
         folded[table_at] = batching.merge(table, 0)
-        if options.has_mask:
-            mask = args[-1]
-            if not options.varlen and (dims[-1] is not None or mask.shape[0] != 1):
-                mask = batching.moved(mask, dims[-1], 0, size)
-                mask = jnp.broadcast_to(mask, (size, table.shape[1]) + mask.shape[2:])
-                folded[-1] = batching.merge(mask, 0)
+        if not options.varlen:
+            for k, extra in enumerate(names):
+                at = table_at + 1 + k
+                folded[at] = _folded_extra(extra, args[at], dims[at], size, rows)
         outs = prim.bind(*folded, options=options)
         if not prim.multiple_results:
             return batching.split(outs, 0, size), 0
@@ -117,14 +140,42 @@ def _batch_rule(name, num_tensors, stats_slots):
 
 # --- kernels --------------------------------------------------------------------
 
+#: Kernel codes of the bias kinds (xla_ffi/attention_handlers.cc).
+BIAS_KINDS = {None: 0, "tensor": 1, "compressed": 2, "packed": 3, "alibi": 4, "alibi_sqrt": 5}
+DROPOUT_MODES = {None: 0, "key": 1, "mask": 2}
+# What the handlers get for an absent optional operand.
+_PLACEHOLDERS = {"mask": np.zeros((1, 1, 1, 1), np.uint8), "bias": np.zeros((1,), np.float32),
+                 "offsets": np.zeros((1, 2), np.int32), "drop_keys": np.zeros((1, 2), np.uint32),
+                 "drop_rows": np.zeros((1, 1), np.uint32), "drop_mask": np.zeros((1,), np.uint8)}
+_HANDLER_EXTRAS = {SCORES: ("mask", "bias", "offsets"), FWD: tuple(_PLACEHOLDERS),
+                   BWD: tuple(_PLACEHOLDERS)}
+
+
 def _cpu_lowering(target):
     def lower(ctx, *args, options):
-        if not options.has_mask:
-            args = args + (mlir.ir_constant(np.zeros((1, 1, 1, 1), np.uint8)),)
-            ctx = ctx.replace(avals_in=ctx.avals_in + (_aval((1, 1, 1, 1), np.uint8),))
-        return jax.ffi.ffi_lowering(target)(
-            ctx, *args, layout=np.int32(options.layout_info.roles.code),
-            scale=np.float32(options.scale), has_mask=np.int32(options.has_mask))
+        names = _extra_names(target, options)
+        first = len(args) - len(names)
+        given = dict(zip(names, zip(args[first:], ctx.avals_in[first:])))
+        operands, avals = list(args[:first]), list(ctx.avals_in[:first])
+        for name in _HANDLER_EXTRAS[target]:
+            if name in given:
+                operands.append(given[name][0])
+                avals.append(given[name][1])
+            else:
+                operands.append(mlir.ir_constant(_PLACEHOLDERS[name]))
+                avals.append(_aval(_PLACEHOLDERS[name].shape, _PLACEHOLDERS[name].dtype))
+        ctx = ctx.replace(avals_in=tuple(avals))
+        attributes = {"layout": np.int32(options.layout_info.roles.code),
+                      "scale": np.float32(options.scale), "has_mask": np.int32(options.has_mask),
+                      "bias_kind": np.int32(BIAS_KINDS[options.bias]),
+                      "bias_after_scale": np.int32(options.pse_type != 1)}
+        if target != SCORES:
+            keep = options.keep_prob
+            attributes.update(
+                dropout=np.int32(DROPOUT_MODES[options.dropout]),
+                keep_threshold=np.int64(dropout.keep_threshold(keep) if keep < 1 else 2**32),
+                keep_scale=dropout.keep_scale(keep))
+        return jax.ffi.ffi_lowering(target)(ctx, *operands, **attributes)
     return lower
 
 
@@ -139,6 +190,25 @@ def _npu_kernel(lower, mask_at, backward):
 
 # --- partitioning ---------------------------------------------------------------
 
+def _extra_factors(options, name, shape, batch, heads):
+    """Factors of an optional operand: batch "b" and query heads "h" where it has them."""
+    varlen = options.varlen
+    b = lambda size: "b" if not varlen and size == batch else None
+    if name == "mask":
+        return (b(shape[0]), "h" if shape[1] == heads else None, None, None)
+    if name in ("offsets", "drop_keys"):
+        return (b(shape[0]), None)
+    if name == "drop_rows":
+        return (b(shape[0]), "h")
+    if name == "drop_mask":
+        return (None,)
+    if options.bias in ("alibi", "alibi_sqrt"):  # slopes (Bs, N1)
+        return (b(shape[0]), "h")
+    if len(shape) == 2:  # TND (N1, Tkv) / (N1, C)
+        return ("h", None)
+    return (b(shape[0]), "h", None, None)
+
+
 def _factor_map(name):
     def factor_map(params, shapes) -> FactorMap:
         options = params["options"]
@@ -147,18 +217,17 @@ def _factor_map(name):
         q, kv = axis_factors(roles, rank, "h"), axis_factors(roles, rank, "g")
         table = (None, None) if varlen else ("b", None)
         stats = (None, "h") if varlen else ("b", "h", None)
-        mask = ()
-        if options.has_mask:
-            bm, nm = shapes[-1][:2]
-            batch = None if varlen else shapes[0][roles.batch]
-            heads = shapes[0][roles.head]
-            mask = (("b" if bm == batch else None, "h" if nm == heads else None, None, None),)
+        names = _extra_names(name, options)
+        batch = None if varlen else shapes[0][roles.batch]
+        heads = shapes[0][roles.head]
+        extras = tuple(_extra_factors(options, n, shape, batch, heads)
+                       for n, shape in zip(names, shapes[len(shapes) - len(names):]))
         if name == SCORES:
             scores = ("h", None, None) if varlen else ("b", "h", None, None)
-            return FactorMap((q, kv, table) + mask, (scores,))
+            return FactorMap((q, kv, table) + extras, (scores,))
         if name == FWD:
-            return FactorMap((q, kv, kv, table) + mask, (q, stats, stats))
-        return FactorMap((q, kv, kv, q, q, stats, stats, table) + mask, (q, kv, kv))
+            return FactorMap((q, kv, kv, table) + extras, (q, stats, stats))
+        return FactorMap((q, kv, kv, q, q, stats, stats, table) + extras, (q, kv, kv))
     return factor_map
 
 

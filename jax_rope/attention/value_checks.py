@@ -59,6 +59,11 @@ class ValueChecks:
     kv_len: int
     tnd_mask_shape: tuple | None  # (rows, cols) of a TND element mask
     has_user_mask: bool
+    compressed_width: int | None = None  # W of a TND compressed 1024-row pse
+
+    def pairs(self, actual_seq_qlen=None, actual_seq_kvlen=None):
+        """(Sq, Skv) per sequence (one pair for the padded layouts), None while traced."""
+        return self._pairs(actual_seq_qlen, actual_seq_kvlen)
 
     def __call__(self, actual_seq_qlen=None, actual_seq_kvlen=None, prefix=None) -> None:
         pairs = self._pairs(actual_seq_qlen, actual_seq_kvlen)
@@ -69,6 +74,14 @@ class ValueChecks:
                                  f"actual_seq_qlen/actual_seq_kvlen, got shape {(rows, cols)}")
         self._tokens(pairs)
         self._prefix(prefix, pairs)
+        if pairs is not None and self.compressed_width is not None:
+            if any(a != b for a, b in pairs):
+                raise ValueError("the compressed 1024-row pse needs equal query and key lengths "
+                                 f"in every sequence, got {pairs}")
+            widest = max((b for _, b in pairs), default=0)
+            if widest != self.compressed_width:
+                raise ValueError(f"the compressed 1024-row pse must have max_b Skv_b = {widest} "
+                                 f"columns, got {self.compressed_width}")
 
     def _pairs(self, actual_seq_qlen, actual_seq_kvlen):
         """(Sq, Skv) per sequence (one pair for the padded layouts), None while traced."""

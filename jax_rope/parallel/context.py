@@ -85,7 +85,7 @@ def _pair_backward(branch, scale, q, k, v, out, dout, lse):
     softmax_max = jnp.where(dead, MASK_VALUE, lse)
     softmax_sum = jnp.where(dead, DEAD_ROW_SUM, 1.0).astype(jnp.float32)
     grads = ops.backward(call.options, call.query, call.key, call.value, out, dout,
-                         softmax_max, softmax_sum, call.table, call.mask)
+                         softmax_max, softmax_sum, call.table, call.extras)
     return tuple(g.astype(jnp.float32) for g in grads)
 
 

@@ -107,6 +107,46 @@ def check_attention(backend, mesh):
         _no_gathers(tnd, *args)
 
 
+def check_bias_dropout(backend, mesh):
+    """Batch and heads sharded: ALiBi, a full bias and dropout give the unsharded bits; the
+    keep mask (read through the output: scale 0, value = identity rows) is
+    jr.dropout_keep_mask's, drawn with global batch and head indices."""
+    b, s, n1, n2 = 4, 16, 8, 4
+    q, k = _normal(20, (b, s, n1, s)), _normal(21, (b, s, n2, s))
+    eye = jnp.broadcast_to(jnp.eye(s, dtype=jnp.float32)[None, :, None, :], (b, s, n2, s))
+    slopes = jnp.linspace(0.1, 0.8, n1, dtype=jnp.float32)
+    full = _normal(22, (b, n1, s, s))
+    key = jax.random.key(7)
+    put = lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec))
+    spec = P("data", None, "model")
+    with jr.backend(backend):
+        def reveal(q, k, v):
+            return jr.flash_attention_score(q, k, v, scale=0.0, keep_prob=0.75,
+                                            dropout_key=key)[0]
+        got = jax.jit(reveal)(put(q, spec), put(k, spec), put(eye, spec))
+        keep = np.moveaxis(np.asarray(got) > 0, 2, 1)  # (B, N1, Sq, Skv)
+        assert np.array_equal(keep, np.asarray(jr.dropout_keep_mask(key, 0.75, s, s, batch=b,
+                                                                    heads=n1)))
+        assert np.array_equal(np.asarray(got), np.asarray(reveal(q, k, eye)))
+        w = _normal(23, (b, s, n1, s))
+
+        def loss(q, k, v, slopes, full):
+            out1 = jr.flash_attention_score(q, k, v, pse=slopes, pse_type=2, sparse_mode=2,
+                                            keep_prob=0.9, dropout_key=key)[0]
+            out2 = jr.flash_attention_score(q, k, v, pse=full, pse_type=1, keep_prob=0.9,
+                                            dropout_key=key)[0]
+            return jnp.sum((out1 + out2) * w)
+
+        grads = lambda *a: jax.grad(loss, (0, 1, 2, 3, 4))(*a)
+        args = (put(q, spec), put(k, spec), put(eye, spec), put(slopes, P("model")),
+                put(full, P("data", "model")))
+        fwd = jax.jit(loss)(*args)
+        assert np.array_equal(np.asarray(fwd), np.asarray(loss(q, k, eye, slopes, full))), \
+            (fwd, loss(q, k, eye, slopes, full))
+        for got, want in zip(jax.jit(grads)(*args), grads(q, k, eye, slopes, full)):
+            _close(got, want, 1e-4)
+
+
 def check_context_parallel(backend, devices):
     mesh = jax.make_mesh((devices,), ("seq",), devices=jax.devices()[:devices])
     b, s, n1, n2, d = 1, 4 * devices, 2, 1, 8
@@ -194,6 +234,7 @@ if __name__ == "__main__":
         if which == "sharding":
             check_rope(backend, mesh)
             check_attention(backend, mesh)
+            check_bias_dropout(backend, mesh)
         else:
             check_context_parallel(backend, int(which))
     print("ok", which)
