@@ -43,11 +43,20 @@ EVERYWHERE = ["forward_bsnd_half", "forward_tnd_half",
               "attention_tnd_varlen_mode8_split",
               "attention_tnd_causal_with_sq_above_skv_is_rejected",
               "attention_invalid_traced_lengths_and_prefix_are_refused"]
+# Issue 14 (pse / ALiBi / dropout, bias_dropout_checks.py): slow (jit of each path
+# and its fallback), so on one combination with the kernel and one without.
+BIAS_DROPOUT = ["pse_types_0_and_1_full_and_row", "alibi_with_start_offsets",
+                "tnd_packed_pse_and_mode8_alibi", "compressed_pse_read_as_the_npu_reads_it",
+                "dropout_mask_is_the_keep_function_packed",
+                "bias_dropout_outside_the_operator_takes_the_fallback"]
+BIAS_DROPOUT_COMBOS = {("A2", 85), ("950", 85)}
 
 
 def checks_for(chip, gen):
     """The checks of one generation x chip: everything, plus what needs a kernel there."""
     names = list(EVERYWHERE)
+    if (chip, gen) in BIAS_DROPOUT_COMBOS:
+        names += BIAS_DROPOUT
     if chip != "unsupported":
         names.append("wrong_call_through_handler_is_an_ffi_error")
     if chip != "unsupported" and gen >= 85:
@@ -55,6 +64,7 @@ def checks_for(chip, gen):
                   "executor_freed_when_workspace_allocation_fails"]
     if chip in ("A2", "A3"):
         names += ["attention_wrong_calls_directly_are_rejected",
+                  "bias_dropout_wrong_calls_directly_are_rejected",
                   "a2_backward_uses_rotary_position_embedding_grad"]
     if chip in ("A2", "A3") and gen >= 85:
         names.append("rotary_position_embedding_grad_wrong_calls_are_rejected")
@@ -140,7 +150,7 @@ def test_contract(results, combo, name):
 def test_every_check_runs_somewhere():
     # The check modules need the simulated runtime to import: read their names.
     names = set()
-    for file in ("contract_checks.py", "attention_checks.py"):
+    for file in ("contract_checks.py", "attention_checks.py", "bias_dropout_checks.py"):
         text = open(os.path.join(HERE, "npu_sim", file)).read()
         names |= {line.split("def ", 1)[1].split("(", 1)[0]
                   for line, prev in zip(text.splitlines()[1:], text.splitlines())

@@ -234,7 +234,8 @@ def test_attention_forward_and_backward_targets(mode):
     calls = custom_calls(text)
     assert [t for t, _, _ in calls] == ["jax_rope_npu_attention_fwd", "jax_rope_npu_attention_bwd"]
     (_, fwd_n, fwd_attrs), (_, bwd_n, bwd_attrs) = calls
-    assert fwd_n == 5 and bwd_n == 9  # q, k, v, table, mask [+ out, dout, max, sum]
+    # q, k, v, table, mask, pse, dropMask [+ out, dout, max, sum]
+    assert fwd_n == 7 and bwd_n == 11
     for attrs in (fwd_attrs, bwd_attrs):
         assert f"sparse_mode = {mode} : i32" in attrs and "layout = 1 : i32" in attrs
         assert "pre_tokens = 8 : i64" in attrs and "next_tokens = 0 : i64" in attrs
@@ -285,7 +286,9 @@ def test_describe_lists_profile_and_rules():
         "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad",
         "aclnnRotaryPositionEmbeddingGrad", "aclnnFlashAttentionScore",
         "aclnnFlashAttentionVarLenScore", "aclnnFlashAttentionScoreGrad",
-        "aclnnFlashAttentionUnpaddingScoreGrad"}
+        "aclnnFlashAttentionUnpaddingScoreGrad", "aclnnFlashAttentionScoreV2",
+        "aclnnFlashAttentionVarLenScoreV2", "aclnnFlashAttentionScoreGradV2",
+        "aclnnFlashAttentionUnpaddingScoreGradV2"}
     assert info["NPU CANN"].startswith("8.5 generation")
 
 

@@ -127,6 +127,25 @@ inline bool DecodeAttention(int32_t layout, float scale, int32_t has_mask, int32
   return true;
 }
 
+// Positional bias and dropout attributes; false (and `why`) when out of range.
+inline bool DecodeBiasDropout(int32_t has_pse, int32_t pse_type, int64_t q_start_idx,
+                              int64_t kv_start_idx, double keep_prob,
+                              npu::AttentionConfig* config, std::string* why) {
+  if (pse_type < 0 || pse_type > 3 || (has_pse == 0 && pse_type != 1)) {
+    *why = "pse_type " + std::to_string(pse_type) + (has_pse ? "" : " without pse");
+    return false;
+  }
+  if (!(keep_prob > 0.0 && keep_prob <= 1.0)) {
+    *why = "keep_prob must be in (0, 1], got " + std::to_string(keep_prob);
+    return false;
+  }
+  config->pse_type = pse_type;
+  config->q_start_idx = q_start_idx;
+  config->kv_start_idx = kv_start_idx;
+  config->keep_prob = keep_prob;
+  return true;
+}
+
 // --- the handlers, per context ----------------------------------------------------
 
 template <typename Context, typename... CtxArgs>
@@ -184,39 +203,49 @@ struct NpuHandlers {
 
   static ffi::Error AttentionForwardHandler(
       CtxArgs... ctx, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer table,
-      ffi::AnyBuffer mask, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> smax,
+      ffi::AnyBuffer mask, ffi::AnyBuffer pse, ffi::AnyBuffer drop_mask,
+      ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> smax,
       ffi::Result<ffi::AnyBuffer> ssum, int32_t layout, float scale, int32_t has_mask,
-      int32_t sparse_mode, int64_t pre, int64_t next) {
+      int32_t sparse_mode, int64_t pre, int64_t next, int32_t has_pse, int32_t pse_type,
+      int64_t q_start_idx, int64_t kv_start_idx, double keep_prob) {
     npu::AttentionConfig config;
     std::string why;
-    if (!DecodeAttention(layout, scale, has_mask, sparse_mode, pre, next, &config, &why)) {
+    if (!DecodeAttention(layout, scale, has_mask, sparse_mode, pre, next, &config, &why) ||
+        !DecodeBiasDropout(has_pse, pse_type, q_start_idx, kv_start_idx, keep_prob, &config,
+                           &why)) {
       return ToFfiError("attention forward", why);
     }
     Context context(ctx...);
-    const DeviceTensor m = View(mask);
+    const DeviceTensor m = View(mask), p = View(pse), d = View(drop_mask);
+    const npu::AttentionExtras extras{has_pse ? &p : nullptr, keep_prob < 1.0 ? &d : nullptr};
     return ToFfiError("attention forward",
                       npu::AttentionForward(context.device, config, View(q), View(k), View(v),
-                                            View(table), config.has_mask ? &m : nullptr,
+                                            View(table), config.has_mask ? &m : nullptr, extras,
                                             View(*out), View(*smax), View(*ssum)));
   }
 
   static ffi::Error AttentionBackwardHandler(
       CtxArgs... ctx, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer out,
       ffi::AnyBuffer dout, ffi::AnyBuffer smax, ffi::AnyBuffer ssum, ffi::AnyBuffer table,
-      ffi::AnyBuffer mask, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+      ffi::AnyBuffer mask, ffi::AnyBuffer pse, ffi::AnyBuffer drop_mask,
+      ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
       ffi::Result<ffi::AnyBuffer> dv, int32_t layout, float scale, int32_t has_mask,
-      int32_t sparse_mode, int64_t pre, int64_t next) {
+      int32_t sparse_mode, int64_t pre, int64_t next, int32_t has_pse, int32_t pse_type,
+      int64_t q_start_idx, int64_t kv_start_idx, double keep_prob) {
     npu::AttentionConfig config;
     std::string why;
-    if (!DecodeAttention(layout, scale, has_mask, sparse_mode, pre, next, &config, &why)) {
+    if (!DecodeAttention(layout, scale, has_mask, sparse_mode, pre, next, &config, &why) ||
+        !DecodeBiasDropout(has_pse, pse_type, q_start_idx, kv_start_idx, keep_prob, &config,
+                           &why)) {
       return ToFfiError("attention backward", why);
     }
     Context context(ctx...);
-    const DeviceTensor m = View(mask);
+    const DeviceTensor m = View(mask), p = View(pse), d = View(drop_mask);
+    const npu::AttentionExtras extras{has_pse ? &p : nullptr, keep_prob < 1.0 ? &d : nullptr};
     return ToFfiError("attention backward",
                       npu::AttentionBackward(context.device, config, View(q), View(k), View(v),
                                              View(out), View(dout), View(smax), View(ssum),
-                                             View(table), config.has_mask ? &m : nullptr,
+                                             View(table), config.has_mask ? &m : nullptr, extras,
                                              View(*dq), View(*dk), View(*dv)));
   }
 
@@ -288,7 +317,12 @@ struct NpuHandlers {
         .template Attr<int32_t>("has_mask")
         .template Attr<int32_t>("sparse_mode")
         .template Attr<int64_t>("pre_tokens")
-        .template Attr<int64_t>("next_tokens");
+        .template Attr<int64_t>("next_tokens")
+        .template Attr<int32_t>("has_pse")
+        .template Attr<int32_t>("pse_type")
+        .template Attr<int64_t>("q_start_idx")
+        .template Attr<int64_t>("kv_start_idx")
+        .template Attr<double>("keep_prob");
   }
 
   static auto AttentionForwardBinding() {
@@ -298,6 +332,8 @@ struct NpuHandlers {
                               .template Arg<ffi::AnyBuffer>()    // value
                               .template Arg<ffi::AnyBuffer>()    // sequence table
                               .template Arg<ffi::AnyBuffer>()    // mask
+                              .template Arg<ffi::AnyBuffer>()    // pse (as the operator reads it)
+                              .template Arg<ffi::AnyBuffer>()    // dropMask (packed bits)
                               .template Ret<ffi::AnyBuffer>()    // attention_out
                               .template Ret<ffi::AnyBuffer>()    // softmax_max
                               .template Ret<ffi::AnyBuffer>());  // softmax_sum
@@ -314,6 +350,8 @@ struct NpuHandlers {
                               .template Arg<ffi::AnyBuffer>()    // softmax_sum
                               .template Arg<ffi::AnyBuffer>()    // sequence table
                               .template Arg<ffi::AnyBuffer>()    // mask
+                              .template Arg<ffi::AnyBuffer>()    // pse (as the operator reads it)
+                              .template Arg<ffi::AnyBuffer>()    // dropMask (packed bits)
                               .template Ret<ffi::AnyBuffer>()    // dquery
                               .template Ret<ffi::AnyBuffer>()    // dkey
                               .template Ret<ffi::AnyBuffer>());  // dvalue

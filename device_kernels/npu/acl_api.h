@@ -117,4 +117,49 @@ typedef aclnnStatus (*AclnnFlashAttentionVarLenGradWorkspaceFn)(
     const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace_size,
     aclOpExecutor** executor);
 
+// The V2 forms (Atlas A2/A3; ScoreV2 and ScoreGradV2 also Ascend 950): the
+// same arguments plus qStartIdx/kvStartIdx (host int arrays, element 0 read)
+// after prefix (VarLen: after the cumulative lengths) and pseType after
+// sparseMode (aclnn_flash_attention_score.h, aclnn_flash_attention_score_grad.h).
+typedef aclnnStatus (*AclnnFlashAttentionV2WorkspaceFn)(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value,
+    const aclTensor* real_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
+    const aclTensor* atten_mask, const aclIntArray* prefix, const aclIntArray* q_start_idx,
+    const aclIntArray* kv_start_idx, double scale, double keep_prob, int64_t pre_tokens,
+    int64_t next_tokens, int64_t head_num, char* input_layout, int64_t inner_precise,
+    int64_t sparse_mode, int64_t pse_type, const aclTensor* softmax_max,
+    const aclTensor* softmax_sum, const aclTensor* softmax_out, const aclTensor* attention_out,
+    uint64_t* workspace_size, aclOpExecutor** executor);
+typedef aclnnStatus (*AclnnFlashAttentionVarLenV2WorkspaceFn)(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value,
+    const aclTensor* real_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
+    const aclTensor* atten_mask, const aclIntArray* prefix, const aclIntArray* actual_seq_qlen,
+    const aclIntArray* actual_seq_kvlen, const aclIntArray* q_start_idx,
+    const aclIntArray* kv_start_idx, double scale, double keep_prob, int64_t pre_tokens,
+    int64_t next_tokens, int64_t head_num, char* input_layout, int64_t inner_precise,
+    int64_t sparse_mode, int64_t pse_type, const aclTensor* softmax_max,
+    const aclTensor* softmax_sum, const aclTensor* softmax_out, const aclTensor* attention_out,
+    uint64_t* workspace_size, aclOpExecutor** executor);
+typedef aclnnStatus (*AclnnFlashAttentionGradV2WorkspaceFn)(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value, const aclTensor* dy,
+    const aclTensor* pse_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
+    const aclTensor* atten_mask, const aclTensor* softmax_max, const aclTensor* softmax_sum,
+    const aclTensor* softmax_in, const aclTensor* attention_in, const aclIntArray* prefix,
+    const aclIntArray* q_start_idx, const aclIntArray* kv_start_idx, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t head_num,
+    char* input_layout, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type,
+    const aclTensor* dq, const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse,
+    uint64_t* workspace_size, aclOpExecutor** executor);
+typedef aclnnStatus (*AclnnFlashAttentionVarLenGradV2WorkspaceFn)(
+    const aclTensor* query, const aclTensor* key, const aclTensor* value, const aclTensor* dy,
+    const aclTensor* pse_shift, const aclTensor* drop_mask, const aclTensor* padding_mask,
+    const aclTensor* atten_mask, const aclTensor* softmax_max, const aclTensor* softmax_sum,
+    const aclTensor* softmax_in, const aclTensor* attention_in, const aclIntArray* prefix,
+    const aclIntArray* actual_seq_qlen, const aclIntArray* actual_seq_kvlen,
+    const aclIntArray* q_start_idx, const aclIntArray* kv_start_idx, double scale,
+    double keep_prob, int64_t pre_tokens, int64_t next_tokens, int64_t head_num,
+    char* input_layout, int64_t inner_precise, int64_t sparse_mode, int64_t pse_type,
+    const aclTensor* dq, const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse,
+    uint64_t* workspace_size, aclOpExecutor** executor);
+
 }  // extern "C"

@@ -171,6 +171,10 @@ RuntimeState Load() {
   JAX_ROPE_OPERATOR(aclnnFlashAttentionVarLenScore);
   JAX_ROPE_OPERATOR(aclnnFlashAttentionScoreGrad);
   JAX_ROPE_OPERATOR(aclnnFlashAttentionUnpaddingScoreGrad);
+  JAX_ROPE_OPERATOR(aclnnFlashAttentionScoreV2);
+  JAX_ROPE_OPERATOR(aclnnFlashAttentionVarLenScoreV2);
+  JAX_ROPE_OPERATOR(aclnnFlashAttentionScoreGradV2);
+  JAX_ROPE_OPERATOR(aclnnFlashAttentionUnpaddingScoreGradV2);
 #undef JAX_ROPE_OPERATOR
   const char* soc = a.aclrtGetSocName();
   state.soc_name = soc != nullptr ? soc : "";

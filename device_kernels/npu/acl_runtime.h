@@ -49,6 +49,16 @@ struct AclApi {
   AclnnFlashAttentionVarLenGradWorkspaceFn
       aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize = nullptr;
   AclnnLaunchFn aclnnFlashAttentionUnpaddingScoreGrad = nullptr;
+  // the V2 forms (pseType, qStartIdx/kvStartIdx)
+  AclnnFlashAttentionV2WorkspaceFn aclnnFlashAttentionScoreV2GetWorkspaceSize = nullptr;
+  AclnnLaunchFn aclnnFlashAttentionScoreV2 = nullptr;
+  AclnnFlashAttentionVarLenV2WorkspaceFn aclnnFlashAttentionVarLenScoreV2GetWorkspaceSize = nullptr;
+  AclnnLaunchFn aclnnFlashAttentionVarLenScoreV2 = nullptr;
+  AclnnFlashAttentionGradV2WorkspaceFn aclnnFlashAttentionScoreGradV2GetWorkspaceSize = nullptr;
+  AclnnLaunchFn aclnnFlashAttentionScoreGradV2 = nullptr;
+  AclnnFlashAttentionVarLenGradV2WorkspaceFn
+      aclnnFlashAttentionUnpaddingScoreGradV2GetWorkspaceSize = nullptr;
+  AclnnLaunchFn aclnnFlashAttentionUnpaddingScoreGradV2 = nullptr;
 };
 
 // The operators jax_rope calls, by their aclnn name.
@@ -56,7 +66,9 @@ inline constexpr const char* kOperators[] = {
     "aclnnApplyRotaryPosEmbV2",       "aclnnApplyRotaryPosEmbGrad",
     "aclnnRotaryPositionEmbeddingGrad",
     "aclnnFlashAttentionScore",       "aclnnFlashAttentionVarLenScore",
-    "aclnnFlashAttentionScoreGrad",   "aclnnFlashAttentionUnpaddingScoreGrad"};
+    "aclnnFlashAttentionScoreGrad",   "aclnnFlashAttentionUnpaddingScoreGrad",
+    "aclnnFlashAttentionScoreV2",     "aclnnFlashAttentionVarLenScoreV2",
+    "aclnnFlashAttentionScoreGradV2", "aclnnFlashAttentionUnpaddingScoreGradV2"};
 
 struct RuntimeState {
   bool available = false;  // libascendcl and libnnopbase loaded with every entry point

@@ -185,11 +185,16 @@ aclTensor* Operand(Descriptors& d, const AttentionCall& call, const DeviceTensor
 struct AttentionDescriptors {
   aclTensor *query, *key, *value, *out, *mask, *softmax_max, *softmax_sum, *empty;
   aclIntArray *prefix, *q_ends = nullptr, *kv_ends = nullptr;
+  aclTensor *pse = nullptr, *drop_mask = nullptr;
+  // V2 only: {qStartIdx}, {kvStartIdx}; both always passed (the tiling reads
+  // kvStartIdx only after a present qStartIdx).
+  aclIntArray *q_start_idx = nullptr, *kv_start_idx = nullptr;
 };
 
-std::string Describe(Descriptors& d, const AttentionCall& call, const DeviceTensor& query,
-                     const DeviceTensor& key, const DeviceTensor& value, const DeviceTensor& out,
-                     const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum,
+std::string Describe(Descriptors& d, const AttentionConfig& config, const AttentionCall& call,
+                     const DeviceTensor& query, const DeviceTensor& key, const DeviceTensor& value,
+                     const DeviceTensor& out, const DeviceTensor& softmax_max,
+                     const DeviceTensor& softmax_sum, const AttentionExtras& extras,
                      AttentionDescriptors* t) {
   t->query = Operand(d, call, query);
   t->key = Operand(d, call, key);
@@ -200,6 +205,12 @@ std::string Describe(Descriptors& d, const AttentionCall& call, const DeviceTens
   t->softmax_sum = d.Tensor(&softmax_sum);
   t->empty = d.Tensor(&call.empty);
   t->prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
+  t->pse = d.Tensor(extras.pse);
+  t->drop_mask = config.keep_prob < 1.0 ? d.Tensor(extras.drop_mask) : nullptr;
+  if (config.NeedsV2()) {
+    t->q_start_idx = d.IntArray({config.q_start_idx});
+    t->kv_start_idx = d.IntArray({config.kv_start_idx});
+  }
   if (!d.ok()) return Failure("aclCreateTensor", -1);
   if (call.varlen) {
     t->q_ends = d.IntArray(call.q_ends);
@@ -218,48 +229,73 @@ std::string Begin(const Device& device, const AttentionConfig& config, const cha
                   const char* padded_op, const DeviceTensor& query, const DeviceTensor& key,
                   const DeviceTensor& value, const DeviceTensor& out,
                   const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum,
-                  const DeviceTensor& table, const DeviceTensor* mask, Descriptors& d,
-                  AttentionCall* call, AttentionDescriptors* t) {
+                  const DeviceTensor& table, const DeviceTensor* mask,
+                  const AttentionExtras& extras, Descriptors& d, AttentionCall* call,
+                  AttentionDescriptors* t) {
   const bool varlen = LayoutRoles(config.layout).batch < 0;
   if (auto e = Missing(varlen ? varlen_op : padded_op); !e.empty()) return e;
+  if (config.pse_type != 1 && extras.pse == nullptr) return "pseType != 1 needs pse";
+  if (config.keep_prob < 1.0 && extras.drop_mask == nullptr) return "keepProb < 1 needs dropMask";
   if (auto e = Prepare(device, config, query, key, table, mask, call); !e.empty()) return e;
-  return Describe(d, *call, query, key, value, out, softmax_max, softmax_sum, t);
+  return Describe(d, config, *call, query, key, value, out, softmax_max, softmax_sum, extras, t);
 }
 
 std::string AttentionForward(const Device& device, const AttentionConfig& config,
                              const DeviceTensor& query, const DeviceTensor& key,
                              const DeviceTensor& value, const DeviceTensor& table,
-                             const DeviceTensor* mask, const DeviceTensor& out,
-                             const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum) {
+                             const DeviceTensor* mask, const AttentionExtras& extras,
+                             const DeviceTensor& out, const DeviceTensor& softmax_max,
+                             const DeviceTensor& softmax_sum) {
   const AclApi& api = Runtime().api;
   Descriptors d(api);
   AttentionCall call;
   AttentionDescriptors t;
-  if (auto e = Begin(device, config, "aclnnFlashAttentionVarLenScore", "aclnnFlashAttentionScore",
-                     query, key, value, out, softmax_max, softmax_sum, table, mask, d, &call, &t);
+  const bool v2 = config.NeedsV2();
+  const char* varlen_op = v2 ? "aclnnFlashAttentionVarLenScoreV2" : "aclnnFlashAttentionVarLenScore";
+  const char* padded_op = v2 ? "aclnnFlashAttentionScoreV2" : "aclnnFlashAttentionScore";
+  if (auto e = Begin(device, config, varlen_op, padded_op, query, key, value, out, softmax_max,
+                     softmax_sum, table, mask, extras, d, &call, &t);
       !e.empty()) {
     return e;
   }
   const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
+  const double keep = config.keep_prob;
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
+  aclnnStatus status;
+  if (call.varlen && v2) {
+    status = api.aclnnFlashAttentionVarLenScoreV2GetWorkspaceSize(
+        t.query, t.key, t.value, t.pse, t.drop_mask, nullptr, t.mask, t.prefix, t.q_ends,
+        t.kv_ends, t.q_start_idx, t.kv_start_idx, config.scale, keep, config.pre_tokens,
+        config.next_tokens, call.head_num, call.layout.data(), call.inner_precise, sparse_mode,
+        config.pse_type, t.softmax_max, t.softmax_sum, t.empty, t.out, &workspace_size,
+        &executor);
+    return Launch(device, varlen_op, status, workspace_size, executor,
+                  api.aclnnFlashAttentionVarLenScoreV2);
+  }
   if (call.varlen) {
-    aclnnStatus status = api.aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
-        t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, t.q_ends,
-        t.kv_ends, config.scale, 1.0, config.pre_tokens, config.next_tokens, call.head_num,
+    status = api.aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
+        t.query, t.key, t.value, t.pse, t.drop_mask, nullptr, t.mask, t.prefix, t.q_ends,
+        t.kv_ends, config.scale, keep, config.pre_tokens, config.next_tokens, call.head_num,
         call.layout.data(), call.inner_precise, sparse_mode, t.softmax_max, t.softmax_sum,
-        t.empty, t.out,
-        &workspace_size, &executor);
-    return Launch(device, "aclnnFlashAttentionVarLenScore", status, workspace_size, executor,
+        t.empty, t.out, &workspace_size, &executor);
+    return Launch(device, varlen_op, status, workspace_size, executor,
                   api.aclnnFlashAttentionVarLenScore);
   }
-  aclnnStatus status = api.aclnnFlashAttentionScoreGetWorkspaceSize(
-      t.query, t.key, t.value, nullptr, nullptr, nullptr, t.mask, t.prefix, config.scale, 1.0,
+  if (v2) {
+    status = api.aclnnFlashAttentionScoreV2GetWorkspaceSize(
+        t.query, t.key, t.value, t.pse, t.drop_mask, nullptr, t.mask, t.prefix, t.q_start_idx,
+        t.kv_start_idx, config.scale, keep, config.pre_tokens, config.next_tokens, call.head_num,
+        call.layout.data(), call.inner_precise, sparse_mode, config.pse_type, t.softmax_max,
+        t.softmax_sum, t.empty, t.out, &workspace_size, &executor);
+    return Launch(device, padded_op, status, workspace_size, executor,
+                  api.aclnnFlashAttentionScoreV2);
+  }
+  status = api.aclnnFlashAttentionScoreGetWorkspaceSize(
+      t.query, t.key, t.value, t.pse, t.drop_mask, nullptr, t.mask, t.prefix, config.scale, keep,
       config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(), call.inner_precise,
-      sparse_mode,
-      t.softmax_max, t.softmax_sum, t.empty, t.out, &workspace_size, &executor);
-  return Launch(device, "aclnnFlashAttentionScore", status, workspace_size, executor,
-                api.aclnnFlashAttentionScore);
+      sparse_mode, t.softmax_max, t.softmax_sum, t.empty, t.out, &workspace_size, &executor);
+  return Launch(device, padded_op, status, workspace_size, executor, api.aclnnFlashAttentionScore);
 }
 
 std::string AttentionBackward(const Device& device, const AttentionConfig& config,
@@ -267,15 +303,19 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
                               const DeviceTensor& value, const DeviceTensor& out,
                               const DeviceTensor& dout, const DeviceTensor& softmax_max,
                               const DeviceTensor& softmax_sum, const DeviceTensor& table,
-                              const DeviceTensor* mask, const DeviceTensor& dquery,
-                              const DeviceTensor& dkey, const DeviceTensor& dvalue) {
+                              const DeviceTensor* mask, const AttentionExtras& extras,
+                              const DeviceTensor& dquery, const DeviceTensor& dkey,
+                              const DeviceTensor& dvalue) {
   const AclApi& api = Runtime().api;
   Descriptors d(api);
   AttentionCall call;
   AttentionDescriptors t;
-  if (auto e = Begin(device, config, "aclnnFlashAttentionUnpaddingScoreGrad",
-                     "aclnnFlashAttentionScoreGrad", query, key, value, out, softmax_max,
-                     softmax_sum, table, mask, d, &call, &t);
+  const bool v2 = config.NeedsV2();
+  const char* varlen_op =
+      v2 ? "aclnnFlashAttentionUnpaddingScoreGradV2" : "aclnnFlashAttentionUnpaddingScoreGrad";
+  const char* padded_op = v2 ? "aclnnFlashAttentionScoreGradV2" : "aclnnFlashAttentionScoreGrad";
+  if (auto e = Begin(device, config, varlen_op, padded_op, query, key, value, out, softmax_max,
+                     softmax_sum, table, mask, extras, d, &call, &t);
       !e.empty()) {
     return e;
   }
@@ -283,26 +323,57 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
   aclTensor* dq = Operand(d, call, dquery);
   aclTensor* dk = Operand(d, call, dkey);
   aclTensor* dv = Operand(d, call, dvalue);
+  // dpseOut: with pse, torch_npu's buffer (pse's shape and dtype; never
+  // written by the kernels), here scratch; without, the empty tensor.
+  aclTensor* dpse = t.empty;
+  DeviceTensor dpse_scratch;
+  if (extras.pse != nullptr) {
+    dpse_scratch = DeviceTensor{device.workspace(extras.pse->bytes()), extras.pse->dims,
+                                extras.pse->dtype};
+    if (dpse_scratch.data == nullptr) return std::string(padded_op) + ": could not allocate the dpseOut scratch";
+    dpse = d.Tensor(&dpse_scratch);
+  }
   if (!d.ok()) return Failure("aclCreateTensor", -1);
   const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
+  const double keep = config.keep_prob;
   uint64_t workspace_size = 0;
   aclOpExecutor* executor = nullptr;
-  if (call.varlen) {
-    aclnnStatus status = api.aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
-        t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
-        t.softmax_sum, nullptr, t.out, t.prefix, t.q_ends, t.kv_ends, config.scale, 1.0,
-        config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(),
-        call.inner_precise, sparse_mode, dq, dk, dv, t.empty, &workspace_size, &executor);
-    return Launch(device, "aclnnFlashAttentionUnpaddingScoreGrad", status, workspace_size,
-                  executor, api.aclnnFlashAttentionUnpaddingScoreGrad);
+  aclnnStatus status;
+  if (call.varlen && v2) {
+    status = api.aclnnFlashAttentionUnpaddingScoreGradV2GetWorkspaceSize(
+        t.query, t.key, t.value, dy, t.pse, t.drop_mask, nullptr, t.mask, t.softmax_max,
+        t.softmax_sum, nullptr, t.out, t.prefix, t.q_ends, t.kv_ends, t.q_start_idx,
+        t.kv_start_idx, config.scale, keep, config.pre_tokens, config.next_tokens, call.head_num,
+        call.layout.data(), call.inner_precise, sparse_mode, config.pse_type, dq, dk, dv, dpse,
+        &workspace_size, &executor);
+    return Launch(device, varlen_op, status, workspace_size, executor,
+                  api.aclnnFlashAttentionUnpaddingScoreGradV2);
   }
-  aclnnStatus status = api.aclnnFlashAttentionScoreGradGetWorkspaceSize(
-      t.query, t.key, t.value, dy, nullptr, nullptr, nullptr, t.mask, t.softmax_max,
-      t.softmax_sum, nullptr, t.out, t.prefix, config.scale, 1.0, config.pre_tokens,
+  if (call.varlen) {
+    status = api.aclnnFlashAttentionUnpaddingScoreGradGetWorkspaceSize(
+        t.query, t.key, t.value, dy, t.pse, t.drop_mask, nullptr, t.mask, t.softmax_max,
+        t.softmax_sum, nullptr, t.out, t.prefix, t.q_ends, t.kv_ends, config.scale, keep,
+        config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(),
+        call.inner_precise, sparse_mode, dq, dk, dv, dpse, &workspace_size, &executor);
+    return Launch(device, varlen_op, status, workspace_size, executor,
+                  api.aclnnFlashAttentionUnpaddingScoreGrad);
+  }
+  if (v2) {
+    status = api.aclnnFlashAttentionScoreGradV2GetWorkspaceSize(
+        t.query, t.key, t.value, dy, t.pse, t.drop_mask, nullptr, t.mask, t.softmax_max,
+        t.softmax_sum, nullptr, t.out, t.prefix, t.q_start_idx, t.kv_start_idx, config.scale,
+        keep, config.pre_tokens, config.next_tokens, call.head_num, call.layout.data(),
+        call.inner_precise, sparse_mode, config.pse_type, dq, dk, dv, dpse, &workspace_size,
+        &executor);
+    return Launch(device, padded_op, status, workspace_size, executor,
+                  api.aclnnFlashAttentionScoreGradV2);
+  }
+  status = api.aclnnFlashAttentionScoreGradGetWorkspaceSize(
+      t.query, t.key, t.value, dy, t.pse, t.drop_mask, nullptr, t.mask, t.softmax_max,
+      t.softmax_sum, nullptr, t.out, t.prefix, config.scale, keep, config.pre_tokens,
       config.next_tokens, call.head_num, call.layout.data(), call.inner_precise, sparse_mode, dq,
-      dk, dv,
-      t.empty, &workspace_size, &executor);
-  return Launch(device, "aclnnFlashAttentionScoreGrad", status, workspace_size, executor,
+      dk, dv, dpse, &workspace_size, &executor);
+  return Launch(device, padded_op, status, workspace_size, executor,
                 api.aclnnFlashAttentionScoreGrad);
 }
 

@@ -74,25 +74,46 @@ struct AttentionConfig {
   int64_t pre_tokens = 2147483647;
   int64_t next_tokens = 2147483647;
   bool has_mask = false;
+  // Positional bias and dropout (spec/attention_bias_dropout.md): pseType
+  // (1 without pse), the ALiBi start offsets (types 2/3), keepProb (1: none).
+  // pseType 0/2/3 or nonzero offsets need the V2 operators.
+  int64_t pse_type = 1;
+  int64_t q_start_idx = 0;
+  int64_t kv_start_idx = 0;
+  double keep_prob = 1.0;
+  bool NeedsV2() const { return pse_type != 1 || q_start_idx != 0 || kv_start_idx != 0; }
+};
+
+// The optional operands as the operators read them: `pse` (realShift /
+// pseShift) in the shapes the tiling accepts (non-TND 4-D (1|B, N1, Sq|1|1024,
+// Skv); TND 1-D packed or 4-D compressed; slopes (N1,) or (B, N1) float32),
+// `drop_mask` the bit-packed uint8 dropMask. Null: absent.
+struct AttentionExtras {
+  const DeviceTensor* pse = nullptr;
+  const DeviceTensor* drop_mask = nullptr;
 };
 
 // FlashAttentionScore (or its VarLen form for TND). `table` is the int32
 // (B, 7) sequence table (SequenceBand rows, device_kernels/cpu/attention_kernels.h)
 // on the device; it is copied to the host when the operator needs host lists
 // (prefix, cumulative sequence lengths).
-// softmax_max/sum are the operator's 8-wide float32 statistics.
+// softmax_max/sum are the operator's 8-wide float32 statistics. The backward
+// passes dpseOut as torch_npu does (pse's shape and dtype, scratch memory:
+// the kernels never write it; jax_rope computes dpse itself).
 std::string AttentionForward(const Device& device, const AttentionConfig& config,
                              const DeviceTensor& query, const DeviceTensor& key,
                              const DeviceTensor& value, const DeviceTensor& table,
-                             const DeviceTensor* mask, const DeviceTensor& out,
-                             const DeviceTensor& softmax_max, const DeviceTensor& softmax_sum);
+                             const DeviceTensor* mask, const AttentionExtras& extras,
+                             const DeviceTensor& out, const DeviceTensor& softmax_max,
+                             const DeviceTensor& softmax_sum);
 
 std::string AttentionBackward(const Device& device, const AttentionConfig& config,
                               const DeviceTensor& query, const DeviceTensor& key,
                               const DeviceTensor& value, const DeviceTensor& out,
                               const DeviceTensor& dout, const DeviceTensor& softmax_max,
                               const DeviceTensor& softmax_sum, const DeviceTensor& table,
-                              const DeviceTensor* mask, const DeviceTensor& dquery,
-                              const DeviceTensor& dkey, const DeviceTensor& dvalue);
+                              const DeviceTensor* mask, const AttentionExtras& extras,
+                              const DeviceTensor& dquery, const DeviceTensor& dkey,
+                              const DeviceTensor& dvalue);
 
 }  // namespace jax_rope::npu

@@ -1,7 +1,19 @@
 """The attention primitives' lowering for the Ascend NPU: the operands and
 attributes FlashAttentionScore(+Grad) need for the spec's result (mask
-operand, statistics in the operator's layout), and the coverage check that
-decides between the NPU kernel and the fallback (npu/coverage.py)."""
+operand, statistics in the operator's layout, pse in the shapes the tiling
+reads, the packed dropMask), and the coverage check that decides between the
+NPU kernel and the fallback (npu/coverage.py).
+
+Bias and dropout (spec/attention_bias_dropout.md): the primitives carry the
+canonical operands (options.extra_names); the NPU reads
+  pse     non-TND (1|B, N1, Sq|1|1024, Skv) as is; TND per-sequence blocks
+          concatenated: [N1, Skv_b] (row form) or [N1, Sq_b, Skv_b] (full), the
+          compressed (1|B, N1, 1024, W) as is; slopes (N1,) or (B, N1) float32;
+  dropMask the keep bits of dropout.keep_bits (the function the fallback and
+          the CPU kernel evaluate) packed LSB first in B, N1, Sq, Skv order (TND:
+          per sequence [N1, Sq_b, Skv_b]), ceil(numel/128)*16 bytes, tail 0.
+pseType 0/2/3 (and the start offsets) go to the V2 operators. dpse never
+comes from the kernel (jax_rope computes it)."""
 
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_rope import npu
+from jax_rope.attention import dropout
 from jax_rope.attention.masks import Q_LEN, Q_START
 from jax_rope.npu import cann, coverage
 
@@ -19,12 +32,64 @@ def _shape(aval, shape=None):
     return jax.ShapeDtypeStruct(aval.shape if shape is None else shape, aval.dtype)
 
 
+def _offsets(options):
+    """(qStartIdx, kvStartIdx): the ALiBi kinds' concrete offsets, else (0, 0)."""
+    if options.bias in ("alibi", "alibi_sqrt") and options.static_offsets is not None:
+        return tuple(int(x) for x in options.static_offsets)
+    return 0, 0
+
+
 def _npu_attributes(options):
+    q_start, kv_start = _offsets(options)
     return {"layout": np.int32(options.layout_info.roles.code),
             "scale": np.float32(options.scale), "has_mask": np.int32(options.has_mask),
             "sparse_mode": np.int32(options.sparse_mode),
             "pre_tokens": np.int64(options.pre_tokens),
-            "next_tokens": np.int64(options.next_tokens)}
+            "next_tokens": np.int64(options.next_tokens),
+            "has_pse": np.int32(options.bias is not None),
+            "pse_type": np.int32(options.pse_type if options.bias is not None else 1),
+            "q_start_idx": np.int64(q_start), "kv_start_idx": np.int64(kv_start),
+            "keep_prob": np.float64(options.keep_prob if options.dropout else 1.0)}
+
+
+def _sequence_starts(lengths):
+    return np.cumsum((0,) + tuple(lengths[:-1])) if lengths else np.zeros((0,), np.int64)
+
+
+def _pse_operand(options, bias):
+    """The canonical bias as the NPU reads it (see the module docstring)."""
+    if options.bias is None:
+        return jnp.zeros((1,), jnp.float32)
+    if options.bias in ("alibi", "alibi_sqrt"):  # slopes (Bs, N1)
+        return bias[0] if bias.shape[0] == 1 else bias
+    if not options.varlen or options.bias == "compressed":
+        return bias
+    q_lens, kv_lens = options.static_lengths
+    if options.bias == "tensor":  # (N1, Tkv) -> [N1, Skv_b] blocks
+        sizes, starts = kv_lens, _sequence_starts(kv_lens)
+    else:  # packed (N1, C) -> [N1, Sq_b * Skv_b] blocks
+        sizes = tuple(a * b for a, b in zip(q_lens, kv_lens))
+        starts = _sequence_starts(sizes)
+    blocks = [bias[:, int(s):int(s) + n].reshape(-1) for s, n in zip(starts, sizes)]
+    return jnp.concatenate(blocks) if blocks else jnp.zeros((0,), bias.dtype)
+
+
+def _drop_mask_operand(options, table, extras, q_rows, kv_rows):
+    """The packed dropMask of this call's keep bits (a placeholder without dropout)."""
+    if options.dropout is None:
+        return jnp.zeros((1,), jnp.uint8)
+    keep = dropout.keep_bits(options, table, extras, q_rows, kv_rows)
+    if options.varlen:
+        keep = dropout.sequence_blocks(keep[0], options.static_lengths)
+    return dropout.pack_bits(keep)
+
+
+def _operands(options, table, extras, query_shape, key_shape):
+    """mask, pse and dropMask operands of the NPU handlers."""
+    seq = options.layout_info.roles.seq
+    return (_mask_operand(options, extras.get("mask"), query_shape),
+            _pse_operand(options, extras.get("bias")),
+            _drop_mask_operand(options, table, extras, query_shape[seq], key_shape[seq]))
 
 
 def _mask_operand(options, mask, query_shape):
@@ -32,7 +97,7 @@ def _mask_operand(options, mask, query_shape):
     so this runs on the device inside the NPU lowering)."""
     if not options.has_mask:
         return jnp.zeros((1, 1, 1, 1), jnp.uint8)
-    m = mask[0]
+    m = mask
     q_len, kv_len = m.shape[-2:]
     if options.sparse_mode == 0 and (options.pre_tokens < q_len - 1
                                      or options.next_tokens < kv_len - 1):
@@ -75,9 +140,11 @@ def npu_forward(ctx, *args, options):
     out_aval, stats_aval, _ = ctx.avals_out
     wide = _shape(stats_aval, _npu_stats_width(options, stats_aval.shape))
 
-    def call(q, k, v, table, *mask):
+    def call(q, k, v, table, *extra):
+        extras = dict(zip(options.extra_names, extra))
         out, smax, ssum = jax.ffi.ffi_call(npu.ATTENTION_FWD, (_shape(out_aval), wide, wide))(
-            q, k, v, table, _mask_operand(options, mask, q.shape), **_npu_attributes(options))
+            q, k, v, table, *_operands(options, table, extras, q.shape, k.shape),
+            **_npu_attributes(options))
         if not options.varlen:
             return out, smax[..., 0], ssum[..., 0]  # the spec's statistics: one copy
         tokens, heads = stats_aval.shape
@@ -93,7 +160,8 @@ def npu_forward(ctx, *args, options):
 def npu_backward(ctx, *args, options):
     outs = tuple(_shape(a) for a in ctx.avals_out)
 
-    def call(q, k, v, out, dout, smax, ssum, table, *mask):
+    def call(q, k, v, out, dout, smax, ssum, table, *extra):
+        extras = dict(zip(options.extra_names, extra))
         if options.varlen:
             tokens, heads = smax.shape
             rows, inside = _ntd_rows(table, tokens, heads)
@@ -104,19 +172,24 @@ def npu_backward(ctx, *args, options):
         wide = lambda s: jnp.broadcast_to(s[..., None], s.shape + (npu.STATS_WIDTH,))
         return jax.ffi.ffi_call(npu.ATTENTION_BWD, outs)(
             q, k, v, out, dout, wide(smax), wide(ssum), table,
-            _mask_operand(options, mask, q.shape), **_npu_attributes(options))
+            *_operands(options, table, extras, q.shape, k.shape), **_npu_attributes(options))
 
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 
-def npu_gap(mask_at, backward):
+def npu_operator(options, backward: bool) -> str:
+    """The aclnn operator of a call: the V2 forms for pseType 0/2/3 (and offsets)."""
+    v2 = options.bias is not None and options.pse_type != 1
+    return cann.FLASH_OPERATORS[(backward, options.varlen, v2)]
+
+
+def npu_gap(extras_at, backward):
     def gap(options, avals_in):
-        op = ((cann.FA_VARLEN_GRAD if options.varlen else cann.FA_GRAD) if backward
-              else (cann.FA_VARLEN if options.varlen else cann.FA))
-        missing = npu.missing_operator(op)
+        missing = npu.missing_operator(npu_operator(options, backward))
         if missing is not None:
             return missing
         query, key, value = avals_in[:3]
+        extras = dict(zip(options.extra_names, avals_in[extras_at:]))
         return coverage.attention_gap(npu.current_profile()[0], options, query, key, value,
-                                      avals_in[mask_at:])
+                                      extras)
     return gap

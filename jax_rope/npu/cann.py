@@ -20,8 +20,22 @@ ROPE_V2, ROPE_GRAD = "aclnnApplyRotaryPosEmbV2", "aclnnApplyRotaryPosEmbGrad"
 ROPE_SINGLE_GRAD = "aclnnRotaryPositionEmbeddingGrad"
 FA, FA_VARLEN = "aclnnFlashAttentionScore", "aclnnFlashAttentionVarLenScore"
 FA_GRAD, FA_VARLEN_GRAD = "aclnnFlashAttentionScoreGrad", "aclnnFlashAttentionUnpaddingScoreGrad"
-OPERATORS = (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD, FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD)
-_FLASH = (FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD)
+# The V2 forms: pseType (0-3) and qStartIdx/kvStartIdx (ALiBi offsets).
+FA_V2, FA_VARLEN_V2 = "aclnnFlashAttentionScoreV2", "aclnnFlashAttentionVarLenScoreV2"
+FA_GRAD_V2 = "aclnnFlashAttentionScoreGradV2"
+FA_VARLEN_GRAD_V2 = "aclnnFlashAttentionUnpaddingScoreGradV2"
+OPERATORS = (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD, FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD,
+             FA_V2, FA_VARLEN_V2, FA_GRAD_V2, FA_VARLEN_GRAD_V2)
+#: (backward, varlen, V2) -> the attention operator.
+FLASH_OPERATORS = {(False, False, False): FA, (False, True, False): FA_VARLEN,
+                   (True, False, False): FA_GRAD, (True, True, False): FA_VARLEN_GRAD,
+                   (False, False, True): FA_V2, (False, True, True): FA_VARLEN_V2,
+                   (True, False, True): FA_GRAD_V2, (True, True, True): FA_VARLEN_GRAD_V2}
+# The V2 forms are taken to ship with every generation here (torch_npu's
+# npu_fusion_attention_v2 calls them unguarded); which release first had them
+# is not established.
+_FLASH = (FA, FA_VARLEN, FA_GRAD, FA_VARLEN_GRAD, FA_V2, FA_VARLEN_V2, FA_GRAD_V2,
+          FA_VARLEN_GRAD_V2)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,18 +73,64 @@ def _single_grad_gap(options, grad_query, grad_key, cos, with_inputs) -> str | N
     return None
 
 
-def attention_gap(p: Profile, options, query, key, value, mask) -> str | None:
+def attention_gap(p: Profile, options, query, key, value, extras: dict) -> str | None:
+    """`extras`: the optional operands' avals by name (options.extra_names)."""
     if not p.attention:
         return f"no FlashAttentionScore on profile {p.name}"
     roles = options.layout_info.roles
     heads, dim = query.shape[roles.head], query.shape[-1]
     if dim > p.attention_max_dim or heads > p.attention_max_heads:
         return f"D={dim} or N1={heads} beyond {p.attention_max_dim}/{p.attention_max_heads}"
-    if mask:
-        m = mask[0].shape
+    mask = extras.get("mask")
+    if mask is not None:
+        m = mask.shape
         if options.varlen:
             return "element atten_mask with TND"
         batch = query.shape[roles.batch]
         if (m[0], m[1]) not in ((1, 1), (batch, 1), (batch, heads)):
             return f"atten_mask shape {m}"
+    return bias_dropout_gap(options, query.shape[roles.seq], key.shape[roles.seq])
+
+
+def bias_dropout_gap(options, q_rows: int, kv_rows: int) -> str | None:
+    """spec/attention_bias_dropout.md section 6: what FlashAttentionScore(+Grad)
+    (V1, and V2 for pse_type 0/2/3) covers of pse and dropout."""
+    lengths = options.static_lengths
+    if options.varlen and (options.bias is not None or options.dropout is not None) \
+            and lengths is None:
+        return "pse/dropout with TND needs concrete actual_seq_qlen/actual_seq_kvlen on the NPU"
+    if options.bias is not None:
+        why = _pse_gap(options, q_rows, kv_rows, lengths)
+        if why is not None:
+            return why
+    return None
+
+
+def _pse_gap(options, q_rows, kv_rows, lengths) -> str | None:
+    mode = options.sparse_mode
+    if mode == 7:
+        return "pse with sparse_mode 7"
+    equal = True
+    if options.varlen:
+        q_lens, kv_lens = lengths
+        if any(n == 0 for n in q_lens + kv_lens):
+            return "pse with a zero-length TND sequence"
+        equal = all(a == b for a, b in zip(q_lens, kv_lens))
+    if options.bias in ("alibi", "alibi_sqrt"):
+        if options.static_offsets is None:
+            return "traced q_start_idx/kv_start_idx (the operator takes host values)"
+        if not options.varlen:
+            return None if q_rows == kv_rows else f"pse_type {options.pse_type} with Sq != Skv"
+        q_off, kv_off = options.static_offsets
+        rest = zip(q_lens[1:], kv_lens[1:]) if mode == 8 else zip(q_lens, kv_lens)
+        if mode == 8 and q_lens[0] + q_off != kv_lens[0] + kv_off:
+            return (f"pse_type {options.pse_type} in sparse_mode 8 needs Sq_0 + q_start_idx == "
+                    "Skv_0 + kv_start_idx")
+        if any(a != b for a, b in rest):
+            return f"pse_type {options.pse_type} with TND needs Sq_b == Skv_b"
+        return None
+    if mode == 8 and not equal:
+        return "pse in sparse_mode 8 needs every Sq_b == Skv_b"
+    if options.bias == "compressed" and mode not in (2, 3):
+        return f"compressed pse in sparse_mode {mode} (the operator: 2 or 3)"
     return None

@@ -15,6 +15,7 @@
 #include "device_kernels/common/layout_roles.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/npu/acl_api.h"
+#include "tests/npu_sim/bias_dropout.h"
 #include "tests/npu_sim/sim.h"
 
 namespace jax_rope_sim {
@@ -261,9 +262,8 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
   if (a.backward && (!a.dy || !a.dq || !a.dk || !a.dv || !a.dpse)) return "dy, dqOut, dkOut, dvOut and dpseOut are required";
   if (a.varlen && (!a.seq_q || !a.seq_kv)) return "actualSeqQLen and actualSeqKvLen are required";
   *null_argument = false;
-  if (a.pse || a.drop_mask || a.padding_mask) return "pse, dropMask and paddingMask are not simulated (jax_rope never passes them)";
+  if (a.padding_mask) return "paddingMask is not simulated (jax_rope never passes one)";
   if (!(a.keep_prob > 0.0 && a.keep_prob <= 1.0)) return "keepProb must be in (0, 1], got " + std::to_string(a.keep_prob);
-  if (a.keep_prob != 1.0) return "keepProb < 1 needs dropMaskOptional";
   if (!std::isfinite(a.scale)) return "scaleValue must be finite";
   if (a.inner_precise < 0 || a.inner_precise > 2) return "innerPrecise must be 0, 1 or 2, got " + S(a.inner_precise);
   const std::string layout = a.layout;
@@ -304,7 +304,6 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
     if (auto e = Require(a.dq, a.query->dims, dtype, "dqOut"); !e.empty()) return e;
     if (auto e = Require(a.dk, a.key->dims, dtype, "dkOut"); !e.empty()) return e;
     if (auto e = Require(a.dv, a.value->dims, dtype, "dvOut"); !e.empty()) return e;
-    if (a.dpse->elements() != 0) return "dpseOut must be an empty tensor without pse";
   }
   if (auto e = CheckSequences(a, s, &p->seqs); !e.empty()) return e;
   auto& g = p->g;
@@ -322,7 +321,9 @@ std::string Check(const AttentionArgs& a, AttentionPlan* p, bool* null_argument)
   p->q_rows = s.q_rows;
   g.stats = a.varlen ? jax_rope::Strides{0, s.n1 * kStats, kStats}  // a (T, N1, 8) scratch
                      : jax_rope::Strides{s.n1 * s.q_rows * kStats, kStats, s.q_rows * kStats};
-  return CheckMaskAndBands(a, s, p);
+  if (auto e = CheckMaskAndBands(a, s, p); !e.empty()) return e;
+  const int64_t sequences = a.varlen ? static_cast<int64_t>(p->seqs.size()) : s.batch;
+  return BiasCheck(a, BiasSizes{sequences, s.n1, s.q_rows, s.kv_rows, a.varlen}, p->seqs, &p->bias);
 }
 
 }  // namespace
@@ -338,7 +339,7 @@ std::string PlanAttention(const AttentionArgs& args, std::shared_ptr<AttentionPl
 std::vector<const Tensor*> PlanTensors(const AttentionPlan& plan) {
   const AttentionArgs& a = plan.a;
   return {a.query, a.key, a.value, a.dy, a.atten_mask, a.softmax_max, a.softmax_sum,
-          a.softmax_io, a.attention, a.dq, a.dk, a.dv, a.dpse};
+          a.softmax_io, a.attention, a.dq, a.dk, a.dv, a.dpse, a.pse, a.drop_mask};
 }
 
 }  // namespace jax_rope_sim

@@ -8,6 +8,7 @@
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/float_convert.h"
 #include "device_kernels/npu/acl_api.h"
+#include "tests/npu_sim/bias_dropout.h"
 #include "tests/npu_sim/sim.h"
 
 namespace jax_rope_sim {
@@ -60,6 +61,10 @@ void WithoutInvalidLine(const AttentionPlan& p, T* out, float* smax, float* ssum
   }
 }
 
+// Calls with a pse or a dropMask run through the dense computation of
+// bias_dropout.h (what the kernels compute, quirks included).
+bool Dense(const AttentionPlan& p) { return p.bias.form != PseForm::kNone || p.bias.drop; }
+
 template <typename T>
 void Compute(const AttentionPlan& p) {
   const AttentionArgs& a = p.a;
@@ -82,9 +87,13 @@ void Compute(const AttentionPlan& p) {
     std::memset(a.attention->data, 0, a.attention->elements() * sizeof(T));
     std::fill(smax, smax + stat_count, jax_rope::cpu::kMaskValue);
     std::fill(ssum, ssum + stat_count, jax_rope::cpu::kDeadRowSum);
-    jax_rope::cpu::AttentionForwardArgs<T> args{P(a.query), P(a.key), P(a.value), P(a.attention),
-                                                smax, ssum};
-    jax_rope::cpu::AttentionForward(g, seqs, args, 0, rows);
+    if (Dense(p)) {
+      dense::Forward<T>(p, smax, ssum);
+    } else {
+      jax_rope::cpu::AttentionForwardArgs<T> args{P(a.query), P(a.key), P(a.value),
+                                                  P(a.attention), smax, ssum};
+      jax_rope::cpu::AttentionForward(g, seqs, args, 0, rows);
+    }
     for (float* x : {smax, ssum}) {  // the 8 copies
       for (int64_t r = 0; r < stat_count; r += kStats) std::fill(x + r + 1, x + r + kStats, x[r]);
     }
@@ -98,6 +107,10 @@ void Compute(const AttentionPlan& p) {
   if (a.varlen) {
     Ntd(p, smax, F(a.softmax_max), false);
     Ntd(p, ssum, F(a.softmax_sum), false);
+  }
+  if (Dense(p)) {
+    dense::Backward<T>(p, smax, ssum);
+    return;
   }
   for (const Tensor* t : {a.dq, a.dk, a.dv}) std::memset(t->data, 0, t->elements() * sizeof(T));
   jax_rope::cpu::AttentionBackwardArgs<T> args{P(a.query), P(a.key), P(a.value), P(a.attention), P(a.dy),

@@ -34,6 +34,9 @@ struct State {
   std::set<const void*> tensors, arrays, executors;
   std::string error;
   int live_tensors = 0;
+  // The bytes of the last dropMask an attention operator was given (tests read
+  // them back with jax_rope_sim_last_drop_mask).
+  std::vector<uint8_t> last_drop_mask;
   int generation = 0;  // CANN generation x 10 (80, 85, 90), set by the operator libraries
 };
 JAX_ROPE_SIM_EXPORT State& Shared();
@@ -74,11 +77,28 @@ struct AttentionArgs {
   const Tensor *attention = nullptr;   // forward: attentionOutOut; backward: attentionInOptional
   const Tensor *dq = nullptr, *dk = nullptr, *dv = nullptr, *dpse = nullptr;
   const std::vector<int64_t> *prefix = nullptr, *seq_q = nullptr, *seq_kv = nullptr;
+  // The V2 entry points: qStartIdx/kvStartIdx host arrays and pseType.
+  bool v2 = false;
+  const std::vector<int64_t> *q_start_idx = nullptr, *kv_start_idx = nullptr;
+  int64_t pse_type = 1;
   double scale = 1.0, keep_prob = 1.0;
   int64_t pre_tokens = 0, next_tokens = 0, head_num = 0;
   const char* layout = nullptr;
   int64_t inner_precise = 0, sparse_mode = 0;
   int generation = 0;
+};
+
+// How the kernels read realShift/pse and dropMask (bias_dropout.h): set by
+// the checks, used by the dense computation that runs any call with either.
+enum class PseForm { kNone, kFull, kRow, kCompressed, kTndFull, kTndRow, kTndCompressed, kSlopes };
+struct BiasDropoutPlan {
+  PseForm form = PseForm::kNone;
+  int64_t pse_type = 1;
+  int64_t pse_batch = 1;                   // 1 or B (slopes: 1 for (N,))
+  int64_t pse_rows = 0, pse_cols = 0;      // 4-D forms: the last two dims
+  int64_t q_start_idx = 0, kv_start_idx = 0;  // what the tiling keeps (element 0 of both)
+  bool drop = false;
+  float keep_scale = 1.0f;
 };
 
 // A checked call, ready to run with jax_rope's CPU attention kernels
@@ -93,6 +113,7 @@ struct AttentionPlan {
   // mask alone kills a row (modes 0 with a mask, 1, 5).
   bool invalid_line = true;
   int64_t n1 = 0, q_rows = 0;  // for the varlen statistics' NTD order
+  BiasDropoutPlan bias;        // pse / dropMask: computed densely (bias_dropout.h)
 };
 
 // "" and a plan when the call keeps the documented contract, else why not;

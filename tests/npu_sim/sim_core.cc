@@ -172,6 +172,13 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor* e) {
 // Test hooks: descriptors and executors alive now (every call must leave none
 // behind), and the generation the operator libraries registered.
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_tensors() { return Shared().live_tensors; }
+// Copies up to `capacity` bytes of the last dropMask into `out`; returns its size.
+JAX_ROPE_SIM_EXPORT int64_t jax_rope_sim_last_drop_mask(uint8_t* out, int64_t capacity) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  const auto& m = Shared().last_drop_mask;
+  std::memcpy(out, m.data(), std::min<int64_t>(capacity, m.size()));
+  return static_cast<int64_t>(m.size());
+}
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_executors() {
   std::lock_guard<std::mutex> lock(Shared().mutex);
   return static_cast<int>(Shared().executors.size());

@@ -7,7 +7,8 @@
 // message for aclGetRecentErrMsg. The attention operators live in attention.cc.
 //
 // Generations, as the audit (shared/reference/cann_glue_audit.md) documents them:
-//   80: one monolithic libopapi.so with the FlashAttention family only (no
+//   80: one monolithic libopapi.so with the FlashAttention family only (V1
+//       and the V2 forms with pseType/qStartIdx/kvStartIdx, no
 //       aclnnApplyRotaryPosEmbV2, no aclnnApplyRotaryPosEmbGrad);
 //   85: split install: libopapi_transformer.so with FlashAttention,
 //       ApplyRotaryPosEmbV2 (every RoPE D of query, key, cos equal) and the
@@ -238,8 +239,14 @@ aclnnStatus PlanAttentionCall(jax_rope_sim::AttentionArgs& args, const aclTensor
   args.prefix = Array(arrays[0], &ok);
   args.seq_q = Array(arrays[1], &ok);
   args.seq_kv = Array(arrays[2], &ok);
+  args.q_start_idx = Array(arrays[3], &ok);
+  args.kv_start_idx = Array(arrays[4], &ok);
   args.generation = kGeneration;
   if (!ok) return Fail(kInvalid, std::string(args.op) + ": unknown or destroyed aclIntArray");
+  if (args.drop_mask != nullptr && args.drop_mask->dtype == kAclUint8) {
+    const auto* bytes = static_cast<const uint8_t*>(args.drop_mask->data);
+    Shared().last_drop_mask.assign(bytes, bytes + args.drop_mask->elements());
+  }
   std::shared_ptr<jax_rope_sim::AttentionPlan> plan;
   bool null_argument = false;
   if (std::string e = jax_rope_sim::PlanAttention(args, &plan, &null_argument); !e.empty()) {
@@ -346,7 +353,7 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
   a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
   a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
   const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, nullptr, nullptr};
   return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
@@ -370,7 +377,7 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
   a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
   a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
   const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, nullptr, nullptr};
   return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
@@ -395,7 +402,7 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradGetWorkspaceSize(
   a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
   a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
   const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, nullptr, nullptr};
   return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
@@ -420,11 +427,114 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradGetWorkspac
   a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
   a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
   const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, nullptr, nullptr};
   return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionUnpaddingScoreGrad");
+}
+
+// --- the V2 forms (every generation here; A2/A3): pseType and qStartIdx/kvStartIdx ---
+
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreV2GetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* pse,
+    const aclTensor* drop, const aclTensor* pad, const aclTensor* mask, const aclIntArray* prefix,
+    const aclIntArray* q_start, const aclIntArray* kv_start, double scale, double keep, int64_t pre,
+    int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse, int64_t pse_type,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
+    uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionScoreV2";
+  a.v2 = true, a.pse_type = pse_type;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sout), a.attention = T(out);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, q_start, kv_start};
+  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+}
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionScoreV2");
+}
+
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreV2GetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* pse,
+    const aclTensor* drop, const aclTensor* pad, const aclTensor* mask, const aclIntArray* prefix,
+    const aclIntArray* seq_q, const aclIntArray* seq_kv, const aclIntArray* q_start,
+    const aclIntArray* kv_start, double scale, double keep, int64_t pre, int64_t next,
+    int64_t heads, char* layout, int64_t inner, int64_t sparse, int64_t pse_type,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
+    uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionVarLenScoreV2";
+  a.varlen = true, a.v2 = true, a.pse_type = pse_type;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sout), a.attention = T(out);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, q_start, kv_start};
+  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+}
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionVarLenScoreV2");
+}
+
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradV2GetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* dy,
+    const aclTensor* pse, const aclTensor* drop, const aclTensor* pad, const aclTensor* mask,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sin, const aclTensor* attn,
+    const aclIntArray* prefix, const aclIntArray* q_start, const aclIntArray* kv_start,
+    double scale, double keep, int64_t pre, int64_t next, int64_t heads, char* layout,
+    int64_t inner, int64_t sparse, int64_t pse_type, const aclTensor* dq, const aclTensor* dk,
+    const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionScoreGradV2";
+  a.backward = true, a.v2 = true, a.pse_type = pse_type;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
+  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, q_start, kv_start};
+  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+}
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionScoreGradV2");
+}
+
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV2GetWorkspaceSize(
+    const aclTensor* q, const aclTensor* k, const aclTensor* v, const aclTensor* dy,
+    const aclTensor* pse, const aclTensor* drop, const aclTensor* pad, const aclTensor* mask,
+    const aclTensor* smax, const aclTensor* ssum, const aclTensor* sin, const aclTensor* attn,
+    const aclIntArray* prefix, const aclIntArray* seq_q, const aclIntArray* seq_kv,
+    const aclIntArray* q_start, const aclIntArray* kv_start, double scale, double keep,
+    int64_t pre, int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse,
+    int64_t pse_type, const aclTensor* dq, const aclTensor* dk, const aclTensor* dv,
+    const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  jax_rope_sim::AttentionArgs a;
+  a.op = "aclnnFlashAttentionUnpaddingScoreGradV2";
+  a.varlen = a.backward = a.v2 = true;
+  a.pse_type = pse_type;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
+  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
+  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
+  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
+  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, q_start, kv_start};
+  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+}
+JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
+  return Run(w, n, e, "aclnnFlashAttentionUnpaddingScoreGradV2");
 }
 
 }  // extern "C"
