@@ -69,9 +69,12 @@ $(WHEEL_STAMP): $(REQUIREMENTS) $(SOURCES) $(PY_SOURCES)
 test: $(STAMP) kernel-test wheel
 	$(PY) -m pytest -q
 
+# The peers' table of the README (torch SDPA from the "hf"/"bench" extra, jax.nn, the
+# fallback, the machine's FMA peak and copy bandwidth, in one process) and its plot.
 bench: $(STAMP)
 	$(PY) benchmarks/bench_rope.py
 	$(PY) benchmarks/bench_attention.py
+	$(PY) benchmarks/bench_peers.py
 
 info: $(STAMP)
 	$(PY) -m jax_rope info

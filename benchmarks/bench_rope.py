@@ -1,9 +1,14 @@
 """Fused Q/K RoPE benchmark: the FFI kernel against its peers, in one process.
 
 Peers: the jax.numpy fallback (same semantics, lowered by XLA), JAX autodiff of
-that fallback for the backward, and an XLA elementwise pass over the same bytes
-(read query/key, write two outputs: the memory bound). Prints a table and one
-JSON line of ratios (peer time / FFI time; higher is better for the FFI).
+that fallback for the backward, an XLA elementwise pass over the same bytes
+(read query/key, write two outputs), and the machine's copy bandwidth measured in
+the same run (benchmarks/machine.py: memcpy between buffers already faulted in,
+every core). The forward is also timed with query and key donated to the jit and
+`in_place=True` (the kernel then works in the donated buffers: no fresh output
+pages to fault in). Prints a table with GB/s (bytes read + written by the call)
+and one JSON line of ratios (peer time / FFI time; higher is better for the FFI)
+and of bandwidth fractions.
 
     python benchmarks/bench_rope.py [--batch 4 --seq 2048 ...] [--dtypes float32 bfloat16]
 """
@@ -12,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_rope as jr
+import machine  # benchmarks/machine.py, beside this script
 from timing import timeit  # benchmarks/timing.py, beside this script
 from jax_rope.rope import fallback as rope_fallback
 from jax_rope.rope.options import make_options
@@ -25,6 +33,26 @@ from jax_rope.rope.options import make_options
 
 def rope(q, k, c, s):
     return jr.apply_rotary_pos_emb(q, k, c, s, layout="BSND", rotary_mode="half")
+
+
+def rope_in_place(q, k, c, s):
+    return jr.apply_rotary_pos_emb(q, k, c, s, layout="BSND", rotary_mode="half",
+                                   in_place=True)
+
+
+def timeit_donated(fn, q, k, c, s, *, repeats: int) -> float:
+    """Median ms of jit(fn, donate_argnums=(0, 1)), each call fed the previous call's
+    outputs (the donated inputs are consumed)."""
+    step = jax.jit(fn, donate_argnums=(0, 1))
+    q, k = step(q.copy(), k.copy(), c, s)  # warm-up, on copies: the caller keeps q and k
+    jax.block_until_ready((q, k))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        q, k = step(q, k, c, s)
+        jax.block_until_ready((q, k))
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
 
 
 def rope_vjp(q, k, c, s, gq, gk):
@@ -51,6 +79,8 @@ def bench_dtype(args, dtype) -> dict[str, float]:
     times = {}
     with jr.backend("ffi"):
         times["ffi fwd"] = timeit(jax.jit(rope), q, k, c, sn, repeats=r)
+        times["ffi fwd, donated, in_place"] = timeit_donated(rope_in_place, q, k, c, sn,
+                                                             repeats=r)
         times["ffi fwd+bwd"] = timeit(jax.jit(rope_vjp), q, k, c, sn, gq, gk, repeats=r)
     with jr.backend("fallback"):
         times["fallback fwd"] = timeit(jax.jit(rope), q, k, c, sn, repeats=r)
@@ -58,6 +88,8 @@ def bench_dtype(args, dtype) -> dict[str, float]:
             jax.jit(rope_vjp), q, k, c, sn, gq, gk, repeats=r)
     times["fallback fwd+bwd (JAX autodiff)"] = timeit(
         jax.jit(fallback_autodiff_vjp), q, k, c, sn, gq, gk, repeats=r)
+    with jr.backend("fallback"):
+        times["fallback fwd, donated"] = timeit_donated(rope, q, k, c, sn, repeats=r)
     times["xla copy bound"] = timeit(jax.jit(lambda q, k: (-q, -k)), q, k, repeats=r)
     return times
 
@@ -74,12 +106,24 @@ def main() -> None:
     args = parser.parse_args()
     print(f"jax {jax.__version__}, {jax.devices()[0].platform}, "
           f"B={args.batch} S={args.seq} Nq={args.q_heads} Nk={args.k_heads} D={args.head_dim}")
-    ratios = {}
+    limits = machine.measure()
+    copy = limits["copy_gbps"]
+    print(f"machine: copy {copy:.1f} GB/s (memcpy, read + written, {limits['threads']} threads)")
+    ratios, fractions = {}, {}
     for name in args.dtypes:
         times = bench_dtype(args, jnp.dtype(name))
-        print(f"\n{name}")
+        moved = 2 * args.batch * args.seq * (args.q_heads + args.k_heads) * args.head_dim \
+            * jnp.dtype(name).itemsize  # query/key read and written once
+        print(f"\n{name} (a forward moves {moved / 1e6:.0f} MB)")
         for label, ms in times.items():
-            print(f"  {label:34s} {ms:9.2f} ms")
+            extra = (f"  {moved / ms / 1e6:6.1f} GB/s = {moved / ms / 1e6 / copy:4.2f} of copy"
+                     if "bwd" not in label else "")
+            print(f"  {label:34s} {ms:9.2f} ms{extra}")
+        fractions[name] = {
+            "fwd": moved / times["ffi fwd"] / 1e6 / copy,
+            "fwd_donated_in_place": moved / times["ffi fwd, donated, in_place"] / 1e6 / copy,
+            "fallback_fwd_donated": moved / times["fallback fwd, donated"] / 1e6 / copy,
+        }
         ratios[name] = {
             "fwd_vs_fallback": times["fallback fwd"] / times["ffi fwd"],
             "fwd_vs_copy_bound": times["xla copy bound"] / times["ffi fwd"],
@@ -89,8 +133,11 @@ def main() -> None:
                 times["fallback fwd+bwd (fused formula)"] / times["ffi fwd+bwd"],
         }
     print()
-    print(json.dumps({"benchmark": "rope", "ratios": {
-        dt: {k: round(v, 2) for k, v in r.items()} for dt, r in ratios.items()}}))
+    rounded = lambda table: {dt: {k: round(v, 2) for k, v in r.items()}
+                             for dt, r in table.items()}
+    print(json.dumps({"benchmark": "rope", "ratios": rounded(ratios),
+                      "fraction_of_copy_bandwidth": rounded(fractions),
+                      "copy_gbps": round(copy, 2)}))
 
 
 if __name__ == "__main__":

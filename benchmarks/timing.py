@@ -17,3 +17,18 @@ def timeit(fn, *args, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times)
+
+
+def time_call(call, *, repeats: int, slow_s: float = 1.0) -> float:
+    """Median wall time in milliseconds of `call()` (which must block until its result is
+    ready), after one warm-up call; a call slower than `slow_s` is timed once."""
+    call()
+    start = time.perf_counter()
+    call()
+    times = [time.perf_counter() - start]
+    if times[0] < slow_s:
+        for _ in range(repeats - 1):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "device_kernels/cpu/rope_kernels.h"
@@ -67,8 +68,12 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
       error.failure()) {
     return error;
   }
-  for (ffi::AnyBuffer* out : {&*query_out, &*key_out}) {
-    AdviseHugePages(out->untyped_data(), out->size_bytes());
+  // Aliased outputs (in_place: XLA passes the input buffer as the output) are
+  // written in place; only fresh output buffers get the huge-page advice.
+  for (auto [out, in] : {std::pair{&*query_out, &query}, std::pair{&*key_out, &key}}) {
+    if (out->untyped_data() != in->untyped_data()) {
+      AdviseHugePages(out->untyped_data(), out->size_bytes());
+    }
   }
   return DispatchFloat(kOp, query.element_type(), [&](auto tag) {
     using T = decltype(tag);

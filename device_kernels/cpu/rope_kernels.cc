@@ -24,6 +24,21 @@ JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
   }
 }
 
+// The input row of a call whose output row may be the same memory (in place,
+// when XLA aliases the output to the input): the rotations read x after writing
+// out, so an aliased float row is copied to scratch first (one row, in L1).
+template <typename T>
+JAX_ROPE_INLINE const float* LoadInputRow(const T* src, const T* dst, int64_t n,
+                                          float* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (src == dst) {
+      std::memcpy(scratch, src, n * sizeof(float));
+      return scratch;
+    }
+  }
+  return LoadRow(src, n, scratch);
+}
+
 template <typename T>
 JAX_ROPE_INLINE float* OutRow(T* dst, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
@@ -113,11 +128,11 @@ JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, in
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    const float* x = LoadRow(x_row, r, scratch.x.data());
+    const float* x = LoadInputRow(x_row, out_row, r, scratch.x.data());
     float* o = OutRow(out_row, scratch.out.data());
     Rotate(g.mode, x, c, s, o, r);
     StoreRow(o, r, out_row);
-    if (r < d) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
+    if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
   }
 }
 
@@ -130,7 +145,7 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    const float* gr = LoadRow(g_row, r, scratch.x.data());
+    const float* gr = LoadInputRow(g_row, dx_row, r, scratch.x.data());
     float* dx = OutRow(dx_row, scratch.out.data());
     if (input != nullptr) {
       const float* x = LoadRow(input + n * head_stride, r, scratch.x2.data());
@@ -140,7 +155,7 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
       RotateHalfAdjoint(gr, c, s, dx, r / 2);
     }
     StoreRow(dx, r, dx_row);
-    if (r < d) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
+    if (r < d && dx_row != g_row) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
   }
 }
 

@@ -4,6 +4,9 @@
 // directions walk tokens (batch * seq) in memory order; when cos broadcasts
 // over the batch, the backward leaves per-token dcos/dsin rows in float
 // scratch and a second pass sums them in batch order (race-free, deterministic).
+// In place: query_out may be query and key_out key (dquery grad_query, dkey
+// grad_key), the same memory exactly (XLA's input/output aliasing); other
+// overlaps are not allowed.
 #pragma once
 
 #include <cstdint>

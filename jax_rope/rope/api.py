@@ -13,7 +13,8 @@ from jax_rope.rope.options import check_grad_inputs, check_rope_shapes, make_opt
 from jax_rope.rope.primitives import rope_bwd_p, rope_fwd_p
 
 
-def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"):
+def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half", *,
+                         in_place=False):
     """Rotates query and key by the position tables cos and sin in one fused call.
 
     Args:
@@ -24,6 +25,11 @@ def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"
         r <= D; only query/key[..., :r] are rotated (partial rotary).
       layout: "BSND" (default), "BSH" (same as BSND), "SBND", "BNSD" or "TND".
       rotary_mode: "half" (rotate_half), "quarter" or "interleave" (GPT-J).
+      in_place: let the CPU kernel write query_out/key_out over query/key's
+        buffers. Pays off when query and key are donated to the enclosing jit
+        (`jax.jit(f, donate_argnums=...)`) or are intermediates used nowhere
+        else; otherwise XLA copies them first, which is slower than the default.
+        The results are the same either way; other backends ignore it.
 
     Returns:
       (query_out, key_out), new arrays shaped and typed like query and key.
@@ -32,7 +38,7 @@ def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"
       TypeError/ValueError at trace time for input that breaks rope.md's rules.
       ValueError when differentiated in a mode other than "half".
     """
-    options = make_options(layout, rotary_mode, current_backend())
+    options = make_options(layout, rotary_mode, current_backend(), in_place)
     check_rope_shapes(options, query, key, cos, sin)
     return _rope(options, query, key, cos, sin)
 

@@ -27,6 +27,9 @@ class RopeOptions:
     layout: str  # canonical name: BSH is stored as BSND
     rotary_mode: str
     backend: str  # "auto" | "ffi" | "fallback", resolved when the call is traced
+    # Forward on the CPU kernel: outputs aliased to query/key (XLA then hands the
+    # kernel the input buffers when they are donated or dead, else copies them).
+    in_place: bool = False
 
     @property
     def roles(self) -> AxisRoles:
@@ -37,13 +40,15 @@ class RopeOptions:
         return ROTARY_MODES[self.rotary_mode]
 
 
-def make_options(layout, rotary_mode, backend) -> RopeOptions:
+def make_options(layout, rotary_mode, backend, in_place=False) -> RopeOptions:
+    if not isinstance(in_place, bool):
+        raise TypeError(f"in_place must be a bool, got {in_place!r}")
     if not isinstance(layout, str) or layout not in ROPE_LAYOUTS:
         raise ValueError(f"layout must be one of {sorted(ROPE_LAYOUTS)}, got {layout!r}")
     if not isinstance(rotary_mode, str) or rotary_mode not in ROTARY_MODES:
         raise ValueError(
             f"rotary_mode must be one of {sorted(ROTARY_MODES)}, got {rotary_mode!r}")
-    return RopeOptions(ROPE_LAYOUTS[layout].name, rotary_mode, backend)
+    return RopeOptions(ROPE_LAYOUTS[layout].name, rotary_mode, backend, in_place)
 
 
 def check_rope_shapes(options: RopeOptions, query, key, cos, sin,

@@ -99,9 +99,13 @@ def _bwd_batch(args, dims, *, options: RopeOptions):
 
 # --- kernels ------------------------------------------------------------------
 
-def _cpu_lowering(target_of):
+def _cpu_lowering(target_of, aliases=None):
+    """aliases: operand -> result aliasing used when options.in_place (XLA gives the
+    kernel the operand's buffer as the result when it is donated or dead, else a copy)."""
     def lower(ctx, *args, options):
-        return jax.ffi.ffi_lowering(target_of(len(args)))(ctx, *args, **_attributes(options))
+        alias = {"operand_output_aliases": aliases} if aliases and options.in_place else {}
+        return jax.ffi.ffi_lowering(target_of(len(args)), **alias)(
+            ctx, *args, **_attributes(options))
     return lower
 
 
@@ -160,8 +164,9 @@ def _npu_backward_gap(options, avals_in):
                                       with_inputs=len(avals_in) == 6)
 
 
-def _kernels(cpu_target, npu_lower, npu_gap):
-    return (Kernel("cpu", _cpu_lowering(cpu_target), unavailable=extension.kernels_unavailable),
+def _kernels(cpu_target, npu_lower, npu_gap, cpu_aliases=None):
+    return (Kernel("cpu", _cpu_lowering(cpu_target, cpu_aliases),
+                   unavailable=extension.kernels_unavailable),
             Kernel(npu.PLATFORM, npu_lower, npu_gap, unavailable=npu.kernels_unavailable))
 
 
@@ -186,7 +191,8 @@ def _factor_map(params, shapes) -> FactorMap:
 rope_fwd_p = define_primitive(
     FWD, multiple_results=True, abstract_eval=_fwd_abstract_eval, batcher=_fwd_batch,
     fallback=fallback.rope_forward,
-    kernels=_kernels(lambda n: FWD, _npu_lowering(lambda n: npu.ROPE_FWD), _npu_forward_gap),
+    kernels=_kernels(lambda n: FWD, _npu_lowering(lambda n: npu.ROPE_FWD), _npu_forward_gap,
+                     cpu_aliases={0: 0, 1: 1}),  # query -> query_out, key -> key_out
     factor_map=_factor_map)
 
 rope_bwd_p = define_primitive(

@@ -1,0 +1,302 @@
+"""Masked attention against its peers and the machine's limits, in one process.
+
+Every row times jax_rope's `flash_attention_score` on the CPU kernels against
+- torch: `torch.nn.functional.scaled_dot_product_attention` (CPU wheel; the `bench`
+  extra) with the same mask (`is_causal`, or a boolean bottom-right mask) and GQA;
+- jax.nn: `jax.nn.dot_product_attention(implementation="xla")` with the same mask;
+- fallback: jax_rope's own jax.numpy fallback (`jr.backend("fallback")`);
+and reports achieved GFLOP/s as a fraction of the FMA peak (or, for decode, GB/s of K/V
+read against the copy bandwidth), both measured in the same run (benchmarks/machine.py).
+Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi and
+dropout rows compare jax_rope with itself: plain call time / call time with the feature.
+
+FLOPs count only visible (query, key) pairs: forward 4 * D * pairs per head; forward +
+backward 3.5x that (the backward is 2.5 forwards: FlashAttention's convention).
+
+    python benchmarks/bench_peers.py [--quick] [--plot PATH] [--repeats N]
+    JAX_ROPE_BENCH_QUICK=1 python benchmarks/bench_peers.py     # same as --quick
+
+Without torch the torch column says so; the rest still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_rope as jr
+import machine  # benchmarks/machine.py, beside this script
+from timing import time_call  # benchmarks/timing.py, beside this script
+
+try:
+    import torch
+except ImportError:  # the peer is optional (pip install 'jax_rope[bench]')
+    torch = None
+
+PEERS = ("torch", "jax.nn", "fallback")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    batch: int
+    q_len: int
+    kv_len: int
+    heads: int  # N1 (query heads)
+    kv_heads: int  # N2
+    dim: int
+    dtype: str = "float32"
+    causal: str = "top-left"  # "top-left" (sparse_mode 2) or "bottom-right" (mode 3)
+    backward: bool = False
+    memory_bound: bool = False  # decode: report GB/s of K/V against the copy bandwidth
+    extra: tuple = ()  # jax_rope-only keyword arguments (ALiBi, dropout): vs the plain call
+
+    @property
+    def pairs(self) -> int:
+        """Visible (query, key) pairs of one head."""
+        shift = self.kv_len - self.q_len if self.causal == "bottom-right" else 0
+        rows = np.arange(self.q_len)
+        return int(np.clip(rows + shift + 1, 0, self.kv_len).sum())
+
+    @property
+    def flops(self) -> float:
+        return 4.0 * self.dim * self.pairs * self.batch * self.heads * (
+            3.5 if self.backward else 1.0)
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.batch * self.kv_len * self.kv_heads * self.dim * np.dtype(
+            jnp.dtype(self.dtype)).itemsize
+
+
+def rows(quick: bool) -> list[Row]:
+    s = 16 if quick else 1  # quick: sequences 16x shorter, batches at most 2
+    b = (lambda n: min(n, 2)) if quick else (lambda n: n)
+    return [
+        Row("causal fwd", 1, 4096 // s, 4096 // s, 8, 8, 128),
+        Row("causal fwd+bwd", 1, 2048 // s, 2048 // s, 8, 8, 128, backward=True),
+        Row("decode GQA", b(8), 1, 8192 // s, 32, 8, 128, causal="bottom-right",
+            memory_bound=True),
+        Row("chunked prefill", 1, 256 // s, 8192 // s, 32, 8, 128, causal="bottom-right"),
+        Row("causal bf16", 1, 2048 // s, 2048 // s, 8, 8, 128, dtype="bfloat16"),
+        Row("train D64 fwd+bwd", b(16), 512 // s, 512 // s, 16, 16, 64, backward=True),
+        Row("train D256 fwd+bwd", b(16), 512 // s, 512 // s, 16, 16, 256, backward=True),
+        Row("causal ALiBi", 1, 4096 // s, 4096 // s, 8, 8, 128, extra=(("alibi", True),)),
+        Row("causal dropout 0.9", 1, 4096 // s, 4096 // s, 8, 8, 128,
+            extra=(("dropout", 0.9),)),
+    ]
+
+
+# --- the implementations, each (row, numpy inputs) -> a blocking no-argument call ----------
+
+def _jax_inputs(row, arrays):
+    return [jnp.asarray(a).astype(row.dtype) for a in arrays]
+
+
+def _extra_kwargs(row):
+    extra = dict(row.extra)
+    kwargs = {}
+    if "alibi" in extra:  # ALiBi slopes 2^(-8 i / N1), as in the ALiBi paper
+        slopes = 2.0 ** (-8.0 * np.arange(1, row.heads + 1) / row.heads)
+        kwargs.update(pse=jnp.asarray(slopes, jnp.float32), pse_type=2)
+    if "dropout" in extra:
+        kwargs.update(keep_prob=extra["dropout"], dropout_key=jax.random.key(1))
+    return kwargs
+
+
+def _vjp_step(fn):
+    def step(q, k, v):
+        out, pullback = jax.vjp(fn, q, k, v)
+        return out, pullback(out)
+    return step
+
+
+def _jitted(row, fn, arrays):
+    fn = jax.jit(_vjp_step(fn) if row.backward else fn)
+    args = _jax_inputs(row, arrays)
+    return lambda: jax.block_until_ready(fn(*args))
+
+
+def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
+    mode = 3 if row.causal == "bottom-right" else 2
+    kwargs = _extra_kwargs(row) if with_extra else {}
+    fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kwargs)[0]
+    call = _jitted(row, fn, arrays)
+
+    def run():
+        with jr.backend(backend):
+            return call()
+    return run
+
+
+def jax_nn_call(row, arrays):
+    if row.causal == "bottom-right":
+        mask = jnp.tril(jnp.ones((row.q_len, row.kv_len), bool), row.kv_len - row.q_len)
+        kwargs = {"mask": mask[None, None]}
+    else:
+        kwargs = {"is_causal": True}
+    return _jitted(row, lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, implementation="xla", **kwargs), arrays)
+
+
+def torch_call(row, arrays):
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[row.dtype]
+    # (B, S, N, D) -> (B, N, S, D), contiguous, as SDPA expects
+    q, k, v = (torch.from_numpy(a).to(dtype).transpose(1, 2).contiguous() for a in arrays)
+    if row.causal == "bottom-right":
+        mask = torch.ones(row.q_len, row.kv_len, dtype=torch.bool).tril(row.kv_len - row.q_len)
+        kwargs = {"attn_mask": mask}
+    else:
+        kwargs = {"is_causal": True}
+    kwargs["enable_gqa"] = row.heads != row.kv_heads
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if not row.backward:
+        def run():
+            with torch.no_grad():
+                return sdpa(q, k, v, **kwargs)
+        return run
+    for x in (q, k, v):
+        x.requires_grad_(True)
+
+    def run_with_grad():
+        out = sdpa(q, k, v, **kwargs)
+        return torch.autograd.grad(out, (q, k, v), out.detach())
+    return run_with_grad
+
+
+# --- measuring and reporting ----------------------------------------------------------------
+
+def measure_row(row, repeats, plain_ms):
+    """{implementation: ms or a note string}."""
+    rng = np.random.default_rng(0)
+    shapes = [(row.batch, row.q_len, row.heads, row.dim)] + [
+        (row.batch, row.kv_len, row.kv_heads, row.dim)] * 2
+    arrays = [rng.standard_normal(shape, np.float32) for shape in shapes]
+    results = {}
+    if row.extra:  # a jax_rope feature against the plain jax_rope call
+        try:
+            results["jax_rope"] = time_call(jax_rope_call(row, arrays), repeats=repeats)
+        except (TypeError, NotImplementedError) as e:
+            return {"jax_rope": f"skipped: this jax_rope has no such arguments "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:90]})"}
+        results["plain call"] = plain_ms if plain_ms is not None else time_call(
+            jax_rope_call(row, arrays, with_extra=False), repeats=repeats)
+        return results
+    results["jax_rope"] = time_call(jax_rope_call(row, arrays), repeats=repeats)
+    peers = {"torch": (lambda: torch_call(row, arrays)) if torch is not None else None,
+             "jax.nn": lambda: jax_nn_call(row, arrays),
+             "fallback": lambda: jax_rope_call(row, arrays, backend="fallback")}
+    for name, make in peers.items():
+        if make is None:
+            results[name] = "missing: torch is not installed (pip install 'jax_rope[bench]')"
+            continue
+        try:
+            results[name] = time_call(make(), repeats=repeats)
+        except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
+            results[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"
+    return results
+
+
+def describe_rate(row, ms, limits):
+    if row.memory_bound:
+        gbps = row.kv_bytes / ms / 1e6
+        return f"{gbps:7.1f} GB/s K/V = {gbps / limits['copy_gbps']:4.2f} of copy"
+    gflops = row.flops / ms / 1e6
+    return f"{gflops:7.1f} GFLOP/s = {gflops / limits['fma_gflops']:4.2f} of peak"
+
+
+def report_row(row, results, limits):
+    shape = (f"B{row.batch} Sq{row.q_len} Skv{row.kv_len} N{row.heads}/{row.kv_heads} "
+             f"D{row.dim} {row.dtype} {row.causal} causal{' fwd+bwd' if row.backward else ''}")
+    print(f"\n{row.name}: {shape}")
+    if row.memory_bound:
+        bound = row.kv_bytes / limits["copy_gbps"] / 1e6
+        print(f"  memory bound: {row.kv_bytes / 1e6:.0f} MB of K/V at the copy bandwidth = "
+              f"{bound:.2f} ms")
+    ours = results.get("jax_rope")
+    ratios = {}
+    for name, value in results.items():
+        if isinstance(value, str):
+            print(f"  {name:10s} {value}")
+            continue
+        line = f"  {name:10s} {value:9.2f} ms  {describe_rate(row, value, limits)}"
+        if name != "jax_rope" and isinstance(ours, float):
+            ratios[name] = value / ours
+            line += f"  ratio {ratios[name]:6.2f}x"
+        print(line)
+    return ratios
+
+
+def plot(ratios, path, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: matplotlib is not installed (the bench or notebooks extra)")
+        return
+    labels = list(ratios)
+    series = list(dict.fromkeys(p for r in ratios.values() for p in r))
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    for n, name in enumerate(series):
+        xs = [i + (n - (len(series) - 1) / 2) * width for i in range(len(labels))]
+        values = [ratios[label].get(name, float("nan")) for label in labels]
+        bars = ax.bar(xs, values, width, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(labels)), labels, rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel("peer time / jax_rope time (log)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        default=os.environ.get("JAX_ROPE_BENCH_QUICK", "") not in ("", "0"),
+                        help="tiny shapes (16x shorter sequences): seconds, for a smoke run")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plot", default=os.path.join(os.path.dirname(__file__),
+                                                       "attention_peers.png"),
+                        help="where to write the ratio chart ('' for none)")
+    args = parser.parse_args()
+    limits = machine.measure(copy_mib=64 if args.quick else 256)
+    peer = f"torch {torch.__version__} ({torch.get_num_threads()} threads)" if torch else \
+        "torch missing (pip install 'jax_rope[bench]')"
+    print(f"jax {jax.__version__} ({jax.devices()[0].platform}), {peer}")
+    print(f"machine: {limits['threads']} threads, {limits['isa']} FMA peak "
+          f"{limits['fma_gflops']:.1f} GFLOP/s, copy {limits['copy_gbps']:.1f} GB/s "
+          "(read + written)")
+    times, ratios, plain_ms = {}, {}, None
+    for row in rows(args.quick):
+        results = measure_row(row, args.repeats, plain_ms)
+        if row.name == "causal fwd":
+            plain_ms = results["jax_rope"]
+        times[row.name] = results
+        row_ratios = report_row(row, results, limits)
+        if row_ratios:
+            ratios[row.name] = row_ratios
+    if args.plot:
+        plot({name: r for name, r in ratios.items() if "plain call" not in r}, args.plot,
+             f"flash_attention_score vs peers ({'quick' if args.quick else 'full'} shapes, "
+             f"{limits['threads']} threads)")
+    rounded = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
+    print(json.dumps({"benchmark": "attention_peers", "quick": args.quick, "machine": limits,
+                      "ms": {k: rounded(v) for k, v in times.items()},
+                      "ratios": {k: rounded(v) for k, v in ratios.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+// The machine's own limits, for the benchmarks' "fraction of peak" columns:
+//   fma:  float32 FMA throughput of a register-only loop (no memory traffic), the
+//         widest of AVX-512 / AVX2+FMA the CPU has, on every core at once;
+//   copy: memcpy between two buffers already faulted in (read + write bytes / s),
+//         on every core at once, each thread on its own slice.
+// Built by benchmarks/machine.py with the project's compiler (the one CMake found)
+// at benchmark time; prints one JSON line. Not part of the library.
+//
+//   machine_limits [threads] [copy_mib]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kAcc = 12;  // independent accumulators: > FMA latency x ports
+
+// Each returns the flops done; `seed` keeps the compiler from folding the loop.
+__attribute__((target("avx512f"))) double FmaAvx512(long iters, float seed, float* sink) {
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512 mul = _mm512_set1_ps(0.999999f), add = _mm512_set1_ps(1e-7f);
+  for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], mul, add);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  *sink = _mm512_reduce_add_ps(sum);
+  return 2.0 * 16 * kAcc * static_cast<double>(iters);
+}
+
+__attribute__((target("avx2,fma"))) double FmaAvx2(long iters, float seed, float* sink) {
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed + i);
+  const __m256 mul = _mm256_set1_ps(0.999999f), add = _mm256_set1_ps(1e-7f);
+  for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], mul, add);
+  }
+  __m256 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm256_add_ps(sum, acc[i]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, sum);
+  *sink = lanes[0] + lanes[7];
+  return 2.0 * 8 * kAcc * static_cast<double>(iters);
+}
+
+// Runs body(thread) on `threads` threads at once; returns the wall seconds.
+template <typename Body>
+double OnAllThreads(int threads, Body body) {
+  std::vector<std::thread> pool;
+  const auto start = Clock::now();
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  for (auto& th : pool) th.join();
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int threads = argc > 1 ? std::atoi(argv[1])
+                               : std::max(1u, std::thread::hardware_concurrency());
+  const size_t copy_bytes = (argc > 2 ? std::atol(argv[2]) : 256) << 20;
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const char* isa = avx512 ? "avx512" : avx2 ? "avx2" : "none";
+
+  double fma_gflops = 0.0;
+  if (avx512 || avx2) {
+    auto run = [&](long iters) {  // best of 10: the machine may be shared
+      double best = 0.0;
+      for (int rep = 0; rep < 10; ++rep) {
+        std::vector<double> flops(threads);
+        std::vector<float> sink(threads);
+        const double seconds = OnAllThreads(threads, [&](int t) {
+          flops[t] = avx512 ? FmaAvx512(iters, 1.0f + t, &sink[t])
+                            : FmaAvx2(iters, 1.0f + t, &sink[t]);
+        });
+        double total = 0.0;
+        for (double f : flops) total += f;
+        best = std::max(best, total / seconds / 1e9);
+      }
+      return best;
+    };
+    run(1 << 16);  // warm up (clocks, thread start-up)
+    fma_gflops = run(1 << 22);
+  }
+
+  // Copy: buffers touched first (no page faults in the timing), best of 7.
+  std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
+  double copy_gbps = 0.0;
+  for (int rep = 0; rep < 7; ++rep) {
+    const size_t slice = copy_bytes / threads;
+    const double seconds = OnAllThreads(threads, [&](int t) {
+      const size_t begin = t * slice, end = t + 1 == threads ? copy_bytes : begin + slice;
+      std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+    });
+    copy_gbps = std::max(copy_gbps, 2.0 * copy_bytes / seconds / 1e9);
+  }
+  std::printf(
+      "{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.1f, \"copy_gbps\": %.2f, "
+      "\"copy_mib\": %zu, \"check\": %d}\n",
+      isa, threads, fma_gflops, copy_gbps, copy_bytes >> 20, dst[copy_bytes / 2]);
+  return 0;
+}
