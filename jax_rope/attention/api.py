@@ -8,6 +8,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from jax_rope.attention import dropout as dropout_module
@@ -128,18 +129,31 @@ def dropout_keep_mask(dropout_key, keep_prob, q_len, kv_len, *, batch=1, heads=1
     packed=True gives the uint8 bytes of the NPU's dropMask layout instead
     (B, N1, Sq, Skv order; TND per-sequence blocks; ceil(numel/128)*16 bytes).
     """
-    varlen = actual_seq_qlen is not None or actual_seq_kvlen is not None
+    keep_prob = dropout_module.check_keep_prob(keep_prob)
+    lengths = {"actual_seq_qlen": actual_seq_qlen, "actual_seq_kvlen": actual_seq_kvlen}
+    # Concrete lengths stay static (a packed TND mask needs them); traced ones are operands.
+    static = {k: tuple(np.asarray(v).reshape(-1).tolist()) for k, v in lengths.items()
+              if v is not None and not isinstance(v, jax.core.Tracer)}
+    traced = {k: v for k, v in lengths.items() if v is not None and k not in static}
+    return _keep_mask(None if keep_prob == 1.0 else dropout_key, traced, keep_prob=keep_prob,
+                      q_len=q_len, kv_len=kv_len, batch=batch, heads=heads, packed=packed,
+                      static=tuple(sorted(static.items())))
+
+
+@functools.partial(jax.jit, static_argnames=("keep_prob", "q_len", "kv_len", "batch", "heads",
+                                             "packed", "static"))
+def _keep_mask(dropout_key, traced, *, keep_prob, q_len, kv_len, batch, heads, packed, static):
+    """dropout_keep_mask, compiled once per shape (the hash is many small operations)."""
+    lengths = dict(static, **traced)
+    varlen = bool(lengths)
     query = jax.ShapeDtypeStruct((q_len, heads, 1) if varlen else (batch, q_len, heads, 1),
                                  jnp.float32)
     kv = jax.ShapeDtypeStruct((kv_len, heads, 1) if varlen else (batch, kv_len, heads, 1),
                               jnp.float32)
-    layout = "TND" if varlen else "BSND"
-    keep_prob = dropout_module.check_keep_prob(keep_prob)
-    if keep_prob == 1.0:
-        dropout_key = None
-    call = ops.prepare(query, kv, kv, input_layout=layout, head_num=None, scale=None,
-                       sparse_mode=0, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS,
-                       atten_mask=None, prefix=None, actual_seq_qlen=actual_seq_qlen,
-                       actual_seq_kvlen=actual_seq_kvlen, keep_prob=keep_prob,
+    call = ops.prepare(query, kv, kv, input_layout="TND" if varlen else "BSND", head_num=None,
+                       scale=None, sparse_mode=0, pre_tokens=MAX_TOKENS, next_tokens=MAX_TOKENS,
+                       atten_mask=None, prefix=None,
+                       actual_seq_qlen=lengths.get("actual_seq_qlen"),
+                       actual_seq_kvlen=lengths.get("actual_seq_kvlen"), keep_prob=keep_prob,
                        dropout_key=dropout_key)
     return ops.keep_mask(call, packed)

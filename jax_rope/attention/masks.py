@@ -91,7 +91,7 @@ def packed_visibility(table, q_tokens: int, kv_tokens: int, mask=None):
     if mask is not None:
         rows = jnp.clip(q_row, 0, mask.shape[2] - 1)
         cols = jnp.clip(kv_col, 0, mask.shape[3] - 1)
-        visible = visible & (mask[:, :, rows[:, None], cols[None, :]] == 0)
+        visible = visible & (jnp.asarray(mask)[:, :, rows[:, None], cols[None, :]] == 0)
     return visible
 
 
