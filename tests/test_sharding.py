@@ -45,7 +45,8 @@ def test_one_registration_per_primitive():
         assert (npu.PLATFORM in platforms) == (name != "jax_rope_attention_scores")
         for k in definition.kernels:  # the kernels' lowering lives beside the primitive
             assert k.lower.__module__ in ("jax_rope.rope.primitives",
-                                          "jax_rope.attention.primitives")
+                                          "jax_rope.attention.primitives",
+                                          "jax_rope.attention.npu_lowering")
         # the bound primitive has no platform-specific rule: one rule, partitioned, everywhere
         for platform in ("cpu", npu.PLATFORM, "cuda"):
             assert definition.primitive not in mlir._platform_specific_lowerings.get(platform, {})

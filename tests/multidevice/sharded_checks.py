@@ -130,19 +130,24 @@ def check_bias_dropout(backend, mesh):
         assert np.array_equal(np.asarray(got), np.asarray(reveal(q, k, eye)))
         w = _normal(23, (b, s, n1, s))
 
-        def loss(q, k, v, slopes, full):
+        def outputs(q, k, v, slopes, full):
             out1 = jr.flash_attention_score(q, k, v, pse=slopes, pse_type=2, sparse_mode=2,
                                             keep_prob=0.9, dropout_key=key)[0]
             out2 = jr.flash_attention_score(q, k, v, pse=full, pse_type=1, keep_prob=0.9,
                                             dropout_key=key)[0]
-            return jnp.sum((out1 + out2) * w)
+            return out1, out2
 
-        grads = lambda *a: jax.grad(loss, (0, 1, 2, 3, 4))(*a)
+        def grads(*a):
+            return jax.grad(lambda *a: sum(jnp.sum(o * w) for o in outputs(*a)),
+                            (0, 1, 2, 3, 4))(*a)
+
         args = (put(q, spec), put(k, spec), put(eye, spec), put(slopes, P("model")),
                 put(full, P("data", "model")))
-        fwd = jax.jit(loss)(*args)
-        assert np.array_equal(np.asarray(fwd), np.asarray(loss(q, k, eye, slopes, full))), \
-            (fwd, loss(q, k, eye, slopes, full))
+        for got, want in zip(jax.jit(outputs)(*args), outputs(q, k, eye, slopes, full)):
+            if backend == "ffi":  # the kernel computes each (b, n) alike: the same bits
+                assert np.array_equal(np.asarray(got), np.asarray(want))
+            else:  # XLA's dot may sum in another order for the local shapes
+                _close(got, want)
         for got, want in zip(jax.jit(grads)(*args), grads(q, k, eye, slopes, full)):
             _close(got, want, 1e-4)
 
