@@ -44,12 +44,13 @@ EVERYWHERE = ["forward_bsnd_half", "forward_tnd_half",
               "attention_tnd_causal_with_sq_above_skv_is_rejected",
               "attention_invalid_traced_lengths_and_prefix_are_refused"]
 # Issue 14 (pse / ALiBi / dropout, bias_dropout_checks.py): slow (jit of each path
-# and its fallback), so on one combination with the kernel and one without.
+# and its fallback), so on one combination, with the kernel (its uncovered cases take
+# the fallback there; which calls reach the kernel elsewhere: test_npu_bias_dropout.py).
 BIAS_DROPOUT = ["pse_types_0_and_1_full_and_row", "alibi_with_start_offsets",
                 "tnd_packed_pse_and_mode8_alibi", "compressed_pse_read_as_the_npu_reads_it",
                 "dropout_mask_is_the_keep_function_packed",
                 "bias_dropout_outside_the_operator_takes_the_fallback"]
-BIAS_DROPOUT_COMBOS = {("A2", 85), ("950", 85)}
+BIAS_DROPOUT_COMBOS = {("A2", 85)}
 
 
 def checks_for(chip, gen):
