@@ -338,9 +338,30 @@ ffi::Error AttentionForwardImpl(
       Fill(args.softmax_max, softmax_max->element_count(), cpu::kMaskValue);
       Fill(args.softmax_sum, softmax_sum->element_count(), cpu::kDeadRowSum);
     }
-    status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
-      cpu::AttentionForward(g, d.seqs, args, b, e);
+    const cpu::SplitForwardPlan split = cpu::PlanSplitForward(g, d.seqs);
+    if (split.groups == 0) {
+      status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+        cpu::AttentionForward(g, d.seqs, args, b, e);
+      });
+      return;
+    }
+    // Short query blocks: key chunks in parallel, then an in-order merge per group.
+    std::vector<float> scratch;
+    try {
+      scratch.resize(split.scratch);
+    } catch (const std::bad_alloc&) {
+      status = ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          "jax_rope attention: out of memory for kernel scratch");
+      return;
+    }
+    status = GuardedParallelFor(pool, split.items, [&](int64_t b, int64_t e) {
+      cpu::AttentionForwardSplit(g, d.seqs, args, scratch.data(), b, e);
     });
+    if (status.success()) {
+      status = GuardedParallelFor(pool, split.groups, [&](int64_t b, int64_t e) {
+        cpu::AttentionForwardMerge(g, d.seqs, args, scratch.data(), b, e);
+      });
+    }
   });
   return dispatched.failure() ? std::move(dispatched) : std::move(status);
 }

@@ -133,14 +133,14 @@ class Workspace {
     const int64_t sizes[] = {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
                              block * block,      block * block,       block * dp, block * dvp,
                              block,              block,               block,
-                             block * std::max(dp, dvp), block * block};
+                             block * std::max(dp, dvp), block * block, block * dp};
     float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
-                       &finite, &keep};
+                       &finite, &keep, &group_q};
     int64_t total = 0;
     for (int64_t size : sizes) total += RoundUpToTile(size);
     data_ = new (std::align_val_t{64}) float[total]();
     float* p = data_;
-    for (int i = 0; i < 13; ++i) {
+    for (int i = 0; i < 14; ++i) {
       *slots[i] = p;
       p += RoundUpToTile(sizes[i]);
     }
@@ -157,10 +157,23 @@ class Workspace {
   float *max, *sum, *delta;
   float* finite;          // a block with its non-finite entries zeroed (MaskedGemm)
   float* keep;            // dropout: keep / keep_prob per position of a score tile
+  float* group_q;         // query rows of a head group, float32 (block x dp, zero padded)
 
  private:
   float* data_;
 };
+
+// Asks for rows x cols of src (row stride `stride`) to be brought into L2 (not
+// L1, which holds the block being computed): rows of one head lie a page or
+// more apart, where hardware prefetchers stop.
+template <typename T>
+void Prefetch(const T* src, int64_t stride, int64_t rows, int64_t cols) {
+  const int64_t bytes = cols * static_cast<int64_t>(sizeof(T));
+  for (int64_t r = 0; r < rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(src + r * stride);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+  }
+}
 
 // rows x cols of `src` (row stride `stride`) to float32 rows of `ld`, zero
 // columns up to RoundUpToTile(cols).
@@ -184,6 +197,25 @@ void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, fl
     float* out = dst + c * ld;
     for (int64_t r = 0; r < rows; ++r) out[r] = ToFloat(src[r * stride + c]);
     for (int64_t r = rows; r < padded; ++r) out[r] = 0.0f;
+  }
+}
+
+// The transpose of a block of rows x cols (cols even) as column pairs for
+// TileOps::bf16_gemm: dst[p * ld + r] = bits(src[r][2p]) | bits(src[r][2p + 1]) << 16,
+// zero columns up to RoundUpToTile(rows). Only for bfloat16 blocks.
+template <typename T>
+void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
+                         int64_t ld) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    const int64_t padded = RoundUpToTile(rows);
+    for (int64_t p = 0; p < cols / 2; ++p) {
+      uint32_t* out = dst + p * ld;
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* in = src + r * stride + 2 * p;
+        out[r] = uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
+      }
+      for (int64_t r = rows; r < padded; ++r) out[r] = 0;
+    }
   }
 }
 

@@ -10,6 +10,11 @@
 // so masked positions never see it; dropout multiplies the probabilities of a
 // tile by keep / keep_prob after the softmax step. Without either, the tile
 // code is the plain path (one branch per tile).
+// The rows of the next key block (dkey/dvalue items: query block) are
+// prefetched while a block is computed: one head's rows lie a page apart, where
+// hardware prefetchers stop. bfloat16 forward scores use the CPU's bf16 dot
+// products where it has them (TileOps::bf16_gemm, keys read in place).
+// Short query blocks have their own forward (attention_split.cc).
 #include "device_kernels/cpu/attention_kernels.h"
 
 #include <algorithm>
@@ -18,6 +23,7 @@
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_tiles.h"
 
 namespace jax_rope::cpu {
@@ -28,9 +34,13 @@ using attention::ApplyKeep;
 using attention::Band;
 using attention::KeepTile;
 using attention::ScoreScale;
+using attention::LoadPairsTransposed;
 using attention::LoadTransposed;
+using attention::MaskedGemm;
+using attention::MaskTile;
 using attention::Offset;
 using attention::Operand;
+using attention::Prefetch;
 using attention::StoreRows;
 using attention::View;
 using attention::Visible;
@@ -42,73 +52,7 @@ using attention::Workspace;
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 constexpr int64_t kBlockMax = std::max(kBlockQ, kBlockK);
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Sets the masked positions of a tile of rows [r0, r0 + nr) x columns
-// [c0, c0 + nc) to -inf, and its padding (along the stored rows, up to
-// RoundUpToTile) too. transposed: keys along the stored rows.
-void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n, int64_t r0,
-              int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld, bool transposed) {
-  const int64_t q_step = transposed ? 1 : ld;
-  const int64_t k_step = transposed ? ld : 1;
-  const int64_t stored_rows = transposed ? nc : nr;
-  const int64_t used = transposed ? nr : nc;
-  for (int64_t r = 0; r < stored_rows; ++r) {
-    std::fill(s + r * ld + used, s + r * ld + RoundUpToTile(used), kNegInf);
-  }
-  const ElementMask& mask = g.mask;
-  if (band.Covers(r0, nr, c0, nc) && mask.data == nullptr) return;
-  for (int64_t i = 0; i < nr; ++i) {
-    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
-    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
-    float* row = s + i * q_step;
-    for (int64_t j = 0; j < lo; ++j) row[j * k_step] = kNegInf;
-    for (int64_t j = hi; j < nc; ++j) row[j * k_step] = kNegInf;
-    if (mask.data == nullptr) continue;
-    const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
-    for (int64_t j = lo; j < hi; ++j) {
-      if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
-    }
-  }
-}
-
-// C += A * B (TileOps::gemm's operands, m x k times k x n) where A holds
-// probabilities or their gradients, 0 at masked positions, and B is a block of
-// data: a masked position must contribute nothing even where B holds NaN or
-// Inf (0 * NaN is NaN). When every position is visible, or B is finite, the
-// GEMM is exact as it is; otherwise B's non-finite entries are zeroed for the
-// GEMM and added back for the visible positions only. visible(i, p): A(i, p)
-// is a visible position.
-template <typename VisibleFn>
-void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, const float* a,
-                int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
-                bool all_visible, const VisibleFn& visible, float* scratch) {
-  bool finite = true;
-  for (int64_t p = 0; p < k && finite && !all_visible; ++p) {
-    for (int64_t d = 0; d < n; ++d) finite &= std::isfinite(b[p * ldb + d]);
-  }
-  if (finite) {
-    ops.gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
-    return;
-  }
-  const int64_t np = RoundUpToTile(n);
-  for (int64_t p = 0; p < k; ++p) {
-    for (int64_t d = 0; d < np; ++d) {
-      const float x = d < n ? b[p * ldb + d] : 0.0f;
-      scratch[p * np + d] = std::isfinite(x) ? x : 0.0f;
-    }
-  }
-  ops.gemm(m, n, k, a, a_row, a_col, scratch, np, c, ldc, true);
-  for (int64_t p = 0; p < k; ++p) {
-    for (int64_t d = 0; d < n; ++d) {
-      const float x = b[p * ldb + d];
-      if (std::isfinite(x)) continue;
-      for (int64_t i = 0; i < m; ++i) {
-        if (visible(i, p)) c[i * ldc + d] += a[i * a_row + p * a_col] * x;
-      }
-    }
-  }
-}
+using attention::kNegInf;
 
 // Saved statistics of rows [r0, r0 + nr) as exp shift, 1 / sum and row delta;
 // rows without a visible key (or unusable statistics) get p = 0. Zero padded
@@ -131,6 +75,23 @@ void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBack
   }
 }
 
+// Whether the backward's score and dP products of T run on TileOps::bf16_gemm.
+template <typename T>
+bool Bf16Products(const AttentionGeometry& g, const TileOps& ops) {
+  return std::is_same_v<T, BFloat16> && ops.bf16_gemm != nullptr && g.head_dim % 2 == 0 &&
+         g.value_dim % 2 == 0;
+}
+
+// The K and V rows of the key block at c0 (when c0 < end), for the next step.
+template <typename T>
+void PrefetchKeyBlock(const AttentionGeometry& g, const Band& band, const T* key, const T* value,
+                      int64_t b, int64_t kvh, int64_t c0, int64_t end) {
+  if (c0 >= end) return;
+  const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+  Prefetch(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, g.head_dim);
+  Prefetch(value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, g.value_dim);
+}
+
 template <typename T>
 void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                  const AttentionForwardArgs<T>& a, const WorkItems::Item& it,
@@ -141,7 +102,16 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
   const float scale = ScoreScale(g);
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
-  LoadTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, ws.t1, kBlockQ);
+  // bfloat16 scores with the CPU's bf16 dot products: K read in place.
+  const bool bf16 = std::is_same_v<T, BFloat16> && ops.bf16_gemm != nullptr && d % 2 == 0;
+  uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.t1);
+  if (bf16) {
+    LoadPairsTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, q_pairs,
+                        kBlockQ);
+  } else {
+    LoadTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, ws.t1,
+                   kBlockQ);
+  }
   float* o = ws.acc1;
   std::fill(o, o + nr * ws.dvp, 0.0f);
   std::fill(ws.max, ws.max + nrp, kNegInf);
@@ -149,12 +119,18 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
-                           false, ws.n1, ws.dp);
+    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
+    const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
                            true, ws.n2, ws.dvp);
     // Transposed scores (keys x queries): the statistics run along vectors.
-    ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    if (bf16) {
+      ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
+                    kBlockQ, ws.s, kBlockQ);
+    } else {
+      const Operand k = View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
+      ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    }
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     ops.softmax_step(ws.s, kBlockQ, nc, nrp, scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
@@ -190,8 +166,16 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
   const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
-  LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
-  LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+  const bool bf16 = Bf16Products<T>(g, ops);
+  uint32_t* k_pairs = reinterpret_cast<uint32_t*>(ws.t1);
+  uint32_t* v_pairs = reinterpret_cast<uint32_t*>(ws.t2);
+  if (bf16) {
+    LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, k_pairs, kBlockK);
+    LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, v_pairs, kBlockK);
+  } else {
+    LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
+    LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+  }
   float* dk = ws.acc1;
   float* dval = ws.acc2;
   std::fill(dk, dk + nc * ws.dp, 0.0f);
@@ -201,12 +185,26 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
       const int64_t nr = std::min(kBlockQ, band.q_len - r0);
       const int64_t row = band.q_start + r0;
+      if (r0 + kBlockQ < queries.end) {  // the next query block's rows
+        const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
+        Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
+        Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
+      }
       const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
       const Operand dout =
           View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
       LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
-      ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
-      ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+      if (bf16) {
+        ops.bf16_gemm(nr, nc, d / 2,
+                      reinterpret_cast<const uint16_t*>(a.query + Offset(g.q, b, row, n)),
+                      g.q.seq, k_pairs, kBlockK, ws.s, kBlockK);
+        ops.bf16_gemm(nr, nc, dv / 2,
+                      reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
+                      g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
+      } else {
+        ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
+        ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+      }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
       if (dropout) {  // dP = dZ * R before the softmax gradient, Z = P * R for dV after it
@@ -239,21 +237,37 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
   const int64_t q_off = Offset(g.q, b, band.q_start + r0, n);
   const float scale = ScoreScale(g);
-  LoadTransposed(a.query + q_off, g.q.seq, nr, d, ws.t1, kBlockQ);
-  LoadTransposed(a.dout + Offset(g.out, b, band.q_start + r0, n), g.out.seq, nr, dv, ws.t2,
-                 kBlockQ);
+  const int64_t do_off = Offset(g.out, b, band.q_start + r0, n);
+  const bool bf16 = Bf16Products<T>(g, ops);
+  uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.t1);
+  uint32_t* do_pairs = reinterpret_cast<uint32_t*>(ws.t2);
+  if (bf16) {
+    LoadPairsTransposed(a.query + q_off, g.q.seq, nr, d, q_pairs, kBlockQ);
+    LoadPairsTransposed(a.dout + do_off, g.out.seq, nr, dv, do_pairs, kBlockQ);
+  } else {
+    LoadTransposed(a.query + q_off, g.q.seq, nr, d, ws.t1, kBlockQ);
+    LoadTransposed(a.dout + do_off, g.out.seq, nr, dv, ws.t2, kBlockQ);
+  }
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   float* dq = ws.acc1;
   std::fill(dq, dq + nr * ws.dp, 0.0f);
   const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
-                           true, ws.n1, ws.dp);
-    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
-                           false, ws.n2, ws.dvp);
-    ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
-    ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
+    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
+    const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
+    const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
+    const Operand k = View(key, g.k.seq, nc, d, true, ws.n1, ws.dp);  // dQ's B operand
+    if (bf16) {
+      ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
+                    kBlockQ, ws.s, kBlockQ);
+      ops.bf16_gemm(nc, nr, dv / 2, reinterpret_cast<const uint16_t*>(value), g.v.seq, do_pairs,
+                    kBlockQ, ws.dprob, kBlockQ);
+    } else {
+      const Operand v = View(value, g.v.seq, nc, dv, false, ws.n2, ws.dvp);
+      ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+      ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
+    }
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     if (g.dropout.mode != DropoutMode::kNone) {

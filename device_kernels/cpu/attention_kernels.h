@@ -145,6 +145,36 @@ template <typename T>
 void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
                       const AttentionForwardArgs<T>& args, int64_t begin, int64_t end);
 
+// Flash-decoding forward for short query blocks (decode, speculative or
+// chunked verification): when every sequence has q_len * (N1 / N2) <= 64, the
+// query rows of the N1 / N2 heads sharing a kv head form one tile, so K and V
+// are read once per group, and the key axis is cut into fixed chunks of
+// kSplitKeys columns. Pass 1 runs (sequence, chunk, kv head) items, each
+// leaving its chunk's row max, row sum and unnormalised output in `scratch`;
+// pass 2 runs (sequence, kv head) items merging the chunks in chunk order and
+// writing out and the statistics as AttentionForward does. Neither the split
+// nor the merge order depends on how the items are divided among threads.
+// groups == 0: not applicable (use AttentionForward).
+constexpr int64_t kSplitKeys = 1024;
+
+struct SplitForwardPlan {
+  int64_t items = 0;    // pass 1 work items
+  int64_t groups = 0;   // pass 2 work items
+  int64_t scratch = 0;  // float32 elements of the caller's scratch
+};
+
+SplitForwardPlan PlanSplitForward(const AttentionGeometry& g, const SequenceBand* seqs);
+
+template <typename T>
+void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
+                           const AttentionForwardArgs<T>& args, float* scratch, int64_t begin,
+                           int64_t end);
+
+template <typename T>
+void AttentionForwardMerge(const AttentionGeometry& g, const SequenceBand* seqs,
+                           const AttentionForwardArgs<T>& args, const float* scratch,
+                           int64_t begin, int64_t end);
+
 // Backward in three race-free passes over the same recomputed tiles:
 //   1. row_delta[b, n, i] = sum_d dout * out (laid out like softmax_max, through
 //      g.stats), over the forward's items;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 // The GEMM is built on fused multiply-adds whatever -ffp-contract the rest of
 // the library uses (contraction only ever removes a rounding step).
@@ -14,6 +15,11 @@
 #define JAX_ROPE_INLINE inline __attribute__((always_inline))
 
 namespace jax_rope::cpu {
+
+// attention_bf16.cc, compiled for AVX-512 with AVX512_BF16.
+void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
+                    const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+
 namespace {
 
 // Register blocking per instruction set: kMr rows x kNv vectors of C stay in
@@ -251,6 +257,137 @@ JAX_ROPE_INLINE void SoftmaxGrad(float* s, float* dp, int64_t ld, int64_t rows, 
   }
 }
 
+// Lane o of the shuffles that fold two vectors of g groups of l lanes into one
+// of 2g groups of l / 2 lanes (group s * g + t holds a's (s = 0) or b's (s = 1)
+// group t, its two halves added), so that after log2(w) folds of w vectors
+// lane a holds the sum of vector a.
+constexpr int FoldLane(int w, int g, int l, int o, int half) {
+  const int h = l / 2, group = o / h;
+  return (group / g) * w + (group % g) * l + o % h + half * h;
+}
+
+template <class Isa, int G, size_t... I>
+JAX_ROPE_INLINE void Fold(typename Isa::V& out, const typename Isa::V& a,
+                          const typename Isa::V& b, std::index_sequence<I...>) {
+  using VI = typename Isa::VI;
+  constexpr int w = kWidth<Isa>, l = w / G;
+  const VI lo = {FoldLane(w, G, l, static_cast<int>(I), 0)...};
+  const VI hi = {FoldLane(w, G, l, static_cast<int>(I), 1)...};
+  out = __builtin_shuffle(a, b, lo) + __builtin_shuffle(a, b, hi);
+}
+
+// Leaves in acc[0] the w lane sums of the w vectors acc[0..w) (lane a: vector a).
+template <class Isa, int G = 1>
+JAX_ROPE_INLINE void LaneSums(typename Isa::V* acc) {
+  constexpr int w = kWidth<Isa>;
+  if constexpr (G < w) {
+    for (int m = 0; m < w / (2 * G); ++m) {
+      Fold<Isa, G>(acc[m], acc[2 * m], acc[2 * m + 1], std::make_index_sequence<w>());
+    }
+    LaneSums<Isa, 2 * G>(acc);
+  }
+}
+
+// RB rows x (w / RB) keys of dot products per register block: w accumulators,
+// folded into one vector of scores at the end.
+template <class Isa, int RB>
+JAX_ROPE_INLINE void DotScoresBlocked(int64_t keys, int64_t rows, int64_t d, const float* k,
+                                      int64_t ldk, const float* q, int64_t ldq, float* s,
+                                      int64_t key_step, int64_t row_step) {
+  using V = typename Isa::V;
+  constexpr int w = kWidth<Isa>;
+  constexpr int KB = w / RB;
+  const int64_t dp = RoundUpToTile(d);
+  for (int64_t i0 = 0; i0 < rows; i0 += RB) {
+    const int64_t nrow = rows - i0 < RB ? rows - i0 : RB;
+    const float* qi = q + i0 * ldq;
+    for (int64_t j0 = 0; j0 < keys; j0 += KB) {
+      const float* kr[KB];
+      // Past the last key, the last key again (its scores are not stored).
+      for (int kk = 0; kk < KB; ++kk) kr[kk] = k + (j0 + kk < keys ? j0 + kk : keys - 1) * ldk;
+      V acc[w];
+      for (int a = 0; a < w; ++a) acc[a] = V{};
+      for (int64_t p = 0; p < dp; p += w) {
+        V qv[RB];
+        for (int r = 0; r < RB; ++r) Load(qv[r], qi + r * ldq + p);
+        for (int kk = 0; kk < KB; ++kk) {
+          V kv;
+          Load(kv, kr[kk] + p);
+          for (int r = 0; r < RB; ++r) acc[kk * RB + r] += kv * qv[r];
+        }
+      }
+      LaneSums<Isa>(acc);
+      for (int kk = 0; kk < KB && j0 + kk < keys; ++kk) {
+        float* out = s + (j0 + kk) * key_step + i0 * row_step;
+        for (int64_t r = 0; r < nrow; ++r) out[r * row_step] = acc[0][kk * RB + r];
+      }
+    }
+  }
+}
+
+template <class Isa>
+JAX_ROPE_INLINE void DotScores(int64_t keys, int64_t rows, int64_t d, const float* k,
+                               int64_t ldk, const float* q, int64_t ldq, float* s,
+                               int64_t key_step, int64_t row_step) {
+  constexpr int w = kWidth<Isa>;
+#define JAX_ROPE_DOT(RB) \
+  return DotScoresBlocked<Isa, RB>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step)
+  if (rows <= 1) JAX_ROPE_DOT(1);
+  if (rows <= 2) JAX_ROPE_DOT(2);
+  if (rows <= 4 || w == 4) JAX_ROPE_DOT(4);
+  if constexpr (w >= 8) {
+    if (rows <= 8 || w == 8) JAX_ROPE_DOT(8);
+  }
+  if constexpr (w >= 16) JAX_ROPE_DOT(16);
+#undef JAX_ROPE_DOT
+}
+
+template <class Isa>
+JAX_ROPE_INLINE void SoftmaxRows(float* s, int64_t lds, int64_t rows, int64_t keys, float scale,
+                                 float* q_max, float* q_sum, float* out, int64_t ldo,
+                                 int64_t out_cols) {
+  using V = typename Isa::V;
+  constexpr int w = kWidth<Isa>;
+  const V neg_inf = V{} + kNegInf;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * lds;
+    V tile_max = neg_inf;
+    for (int64_t j = 0; j < keys; j += w) {
+      V x;
+      Load(x, row + j);
+      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+      Store(row + j, x);
+      tile_max = x > tile_max ? x : tile_max;
+    }
+    const float old_max = q_max[r];
+    float new_max = HorizontalMax<Isa>(tile_max);
+    new_max = new_max > old_max ? new_max : old_max;
+    // Rows with nothing visible yet keep max -inf; subtracting 0 keeps their p at 0.
+    const float shift = new_max == kNegInf ? 0.0f : new_max;
+    V sum = V{};
+    for (int64_t j = 0; j < keys; j += w) {
+      V x;
+      Load(x, row + j);
+      x -= shift;
+      Exp<Isa>(x);
+      Store(row + j, x);
+      sum += x;
+    }
+    V alpha = V{} + (old_max - shift);  // exactly 1 when the max did not move
+    Exp<Isa>(alpha);
+    const float a = new_max == kNegInf ? 1.0f : alpha[0];
+    q_sum[r] = q_sum[r] * a + HorizontalSum<Isa>(sum);
+    q_max[r] = new_max;
+    if (a == 1.0f) continue;
+    float* o = out + r * ldo;
+    for (int64_t d = 0; d < out_cols; d += w) {
+      V x;
+      Load(x, o + d);
+      Store(o + d, x * a);
+    }
+  }
+}
+
 #define JAX_ROPE_TILE_OPS(Isa, attr)                                                     \
   attr void Gemm##Isa(                                          \
       int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,           \
@@ -267,12 +404,27 @@ JAX_ROPE_INLINE void SoftmaxGrad(float* s, float* dp, int64_t ld, int64_t rows, 
       const float* max, const float* inv_sum, const float* delta, bool stats_by_column) {      \
     SoftmaxGrad<Isa>(s, dp, ld, rows, cols, scale, max, inv_sum, delta, stats_by_column);      \
   }                                                                                            \
-  constexpr TileOps k##Isa##Ops = {Gemm##Isa, SoftmaxStep##Isa, SoftmaxGrad##Isa};
+  attr void DotScores##Isa(int64_t keys, int64_t rows, int64_t d, const float* k, int64_t ldk, \
+                           const float* q, int64_t ldq, float* s, int64_t key_step,            \
+                           int64_t row_step) {                                                 \
+    DotScores<Isa>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step);                      \
+  }                                                                                            \
+  attr void SoftmaxRows##Isa(float* s, int64_t lds, int64_t rows, int64_t keys, float scale,   \
+                             float* q_max, float* q_sum, float* out, int64_t ldo,              \
+                             int64_t out_cols) {                                               \
+    SoftmaxRows<Isa>(s, lds, rows, keys, scale, q_max, q_sum, out, ldo, out_cols);             \
+  }                                                                                            \
+  constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
+                                   DotScores##Isa, SoftmaxRows##Isa, nullptr};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))))
 JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))))
 JAX_ROPE_TILE_OPS(Sse2, )
 #undef JAX_ROPE_TILE_OPS
+
+// AVX-512 routines plus the bf16 GEMM (attention_bf16.cc).
+constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,      SoftmaxStepAvx512, SoftmaxGradAvx512,
+                                    DotScoresAvx512, SoftmaxRowsAvx512, Bf16GemmAvx512};
 
 }  // namespace
 
@@ -281,7 +433,8 @@ const TileOps* TileOpsFor(TileIsa isa) {
   const bool fma = __builtin_cpu_supports("fma");
   switch (isa) {
     case TileIsa::kAvx512:
-      return fma && __builtin_cpu_supports("avx512f") ? &kAvx512Ops : nullptr;
+      if (!fma || !__builtin_cpu_supports("avx512f")) return nullptr;
+      return __builtin_cpu_supports("avx512bf16") ? &kAvx512Bf16Ops : &kAvx512Ops;
     case TileIsa::kAvx2:
       return fma && __builtin_cpu_supports("avx2") ? &kAvx2Ops : nullptr;
     case TileIsa::kBaseline:

@@ -42,6 +42,30 @@ struct TileOps {
   void (*softmax_grad)(float* s, float* dp, int64_t ld, int64_t rows, int64_t cols, float scale,
                        const float* max, const float* inv_sum, const float* delta,
                        bool stats_by_column);
+
+  // Scores of a short block of query rows: s[j * key_step + i * row_step] =
+  // sum_p k[j * ldk + p] * q[i * ldq + p] for keys j < keys and rows i < rows
+  // <= kTileAlign, as dot products with a tree reduction across lanes (the
+  // GEMM would spend a whole vector on each handful of rows). k and q rows are
+  // read up to RoundUpToTile(d) (k's padding finite, q's zero) and q has
+  // RoundUpToTile(rows) readable rows (zeros past `rows`); nothing else of s
+  // is written.
+  void (*dot_scores)(int64_t keys, int64_t rows, int64_t d, const float* k, int64_t ldk,
+                     const float* q, int64_t ldq, float* s, int64_t key_step, int64_t row_step);
+
+  // softmax_step on a tile stored by query rows (rows x keys, keys padded
+  // with -inf to a multiple of kTileAlign): per row, the same folding into
+  // q_max / q_sum and rescaling of the row's first out_cols of `out`.
+  void (*softmax_rows)(float* s, int64_t lds, int64_t rows, int64_t keys, float scale,
+                       float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_cols);
+
+  // bfloat16 products with the CPU's bf16 dot instruction (AVX512_BF16
+  // vdpbf16ps: exact products, float32 sums); nullptr where it is missing.
+  // C[m x n] = A[m x 2 kp] * B[2 kp x n]: A is bfloat16 bits, row stride lda;
+  // B comes as column pairs, b[p * ldb + j] = B[2p][j] | B[2p + 1][j] << 16,
+  // readable up to column RoundUpToTile(n), which C is written to.
+  void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
+                    const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
 };
 
 // The routines for the best instruction set of this CPU.

@@ -154,6 +154,39 @@ void RunProblem(const Problem& p, uint32_t seed) {
     }
   }
 
+  const SplitForwardPlan split = PlanSplitForward(g, p.seqs.data());
+  if (split.groups > 0) {  // the flash-decoding path, in chunks and in one go: same bits
+    std::vector<T> out1 = Prefilled<T>(o_inside, 0.0f), out2 = out1;
+    std::vector<float> mx1 = Prefilled<float>(s_inside, kMaskValue), mx2 = mx1;
+    std::vector<float> sm1 = Prefilled<float>(s_inside, kDeadRowSum), sm2 = sm1;
+    std::vector<float> scratch(split.scratch, 1e30f), scratch2 = scratch;
+    AttentionForwardArgs<T> f1{q.data(), k.data(), v.data(), out1.data(), mx1.data(), sm1.data()};
+    AttentionForwardArgs<T> f2{q.data(), k.data(), v.data(), out2.data(), mx2.data(), sm2.data()};
+    RunChunks(split.items, [&](int64_t b, int64_t e) {
+      AttentionForwardSplit(g, p.seqs.data(), f1, scratch.data(), b, e);
+    });
+    RunChunks(split.groups, [&](int64_t b, int64_t e) {
+      AttentionForwardMerge(g, p.seqs.data(), f1, scratch.data(), b, e);
+    });
+    AttentionForwardSplit(g, p.seqs.data(), f2, scratch2.data(), 0, 1 << 30);
+    AttentionForwardMerge(g, p.seqs.data(), f2, scratch2.data(), 0, 1 << 30);
+    Compare(name + " split out", ToFloats(out1), ref.out, tol);
+    Compare(name + " split softmax_max", mx1, ref.max, p.stat_tol);
+    Compare(name + " split softmax_sum", sm1, ref.sum, std::is_same_v<T, float> ? p.stat_tol : tol);
+    ++g_checks;
+    if (std::memcmp(out1.data(), out2.data(), out1.size() * sizeof(T)) != 0 ||
+        std::memcmp(mx1.data(), mx2.data(), mx1.size() * sizeof(float)) != 0 ||
+        std::memcmp(sm1.data(), sm2.data(), sm1.size() * sizeof(float)) != 0) {
+      Fail(name + ": split forward depends on the chunking");
+    }
+    for (int64_t i = 0; i < t.stat_size; ++i) {
+      if (!ref.live[i] && (mx1[i] != kMaskValue || sm1[i] != kDeadRowSum)) {
+        Fail(name + ": split dead row statistics at " + std::to_string(i));
+        break;
+      }
+    }
+  }
+
   std::vector<float> scores(t.score_size, kMaskValue);
   RunChunks(items, [&](int64_t b, int64_t e) {
     AttentionScores(g, p.seqs.data(), q.data(), k.data(), scores.data(), t.score_strides, b, e);
@@ -343,6 +376,83 @@ void CheckTileOps() {
           }
         }
       }
+    }
+    // dot_scores: every row-block width, key and dim remainders (k padded with
+    // finite junk past d: q's zero padding must cancel it).
+    for (int64_t rows : {1, 2, 3, 4, 5, 8, 11, 16}) {
+      for (int64_t keys : {1, 3, 17, 64}) {
+        const bool by_rows = (rows + keys) % 2 == 1;  // s[i][j] instead of s[j][i]
+        for (int64_t d : {8, 40, 64, 128, 256}) {
+          const int64_t dp = RoundUpToTile(d), ldk = dp + 16, lds = 64;
+          std::vector<float> kk(keys * ldk, 0.0f), q(RoundUpToTile(rows) * dp, 0.0f);
+          for (int64_t j = 0; j < keys; ++j) {
+            for (int64_t p = 0; p < ldk; ++p) kk[j * ldk + p] = p < d ? u(rng) : 1e3f;
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t p = 0; p < d; ++p) q[i * dp + p] = u(rng);
+          }
+          std::vector<float> s(64 * lds, 12345.0f);
+          ops->dot_scores(keys, rows, d, kk.data(), ldk, q.data(), dp, s.data(),
+                          by_rows ? 1 : lds, by_rows ? lds : 1);
+          double worst = 0.0;
+          bool untouched = true;
+          for (int64_t j = 0; j < 64; ++j) {
+            for (int64_t i = 0; i < 64; ++i) {
+              const float got = by_rows ? s[i * lds + j] : s[j * lds + i];
+              if (i >= rows || j >= keys) {
+                untouched &= got == 12345.0f;
+                continue;
+              }
+              double want = 0.0;
+              for (int64_t p = 0; p < d; ++p) want += double(kk[j * ldk + p]) * q[i * dp + p];
+              worst = std::max(worst, std::abs(want - got));
+            }
+          }
+          ++g_checks;
+          if (worst > 1e-4 || !untouched) {
+            Fail(std::string("dot_scores ") + names[which] + " rows " + std::to_string(rows) +
+                 " keys " + std::to_string(keys) + " d " + std::to_string(d));
+          }
+        }
+      }
+    }
+    if (ops->bf16_gemm != nullptr) {  // bf16 inputs: exact products, float32 sums
+      for (int64_t m : {1, 4, 7, 64}) {
+        for (int64_t n : {1, 16, 33, 64}) {
+          for (int64_t kp : {1, 20, 64}) {
+            const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
+            std::vector<BFloat16> a(m * lda);
+            std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
+            for (BFloat16& x : a) x = FromFloat<BFloat16>(u(rng));
+            for (int64_t p = 0; p < 2 * kp; ++p) {
+              for (int64_t j = 0; j < n; ++j) bt[p * ldb + j] = FromFloat<BFloat16>(u(rng));
+            }
+            std::vector<uint32_t> pairs(kp * ldb);
+            for (int64_t p = 0; p < kp; ++p) {
+              for (int64_t j = 0; j < ldb; ++j) {
+                pairs[p * ldb + j] =
+                    uint32_t{bt[2 * p * ldb + j].bits} | uint32_t{bt[(2 * p + 1) * ldb + j].bits} << 16;
+              }
+            }
+            std::vector<float> c(m * ldc, 7.0f);
+            ops->bf16_gemm(m, n, kp, reinterpret_cast<const uint16_t*>(a.data()), lda,
+                           pairs.data(), ldb, c.data(), ldc);
+            double worst = 0.0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double want = 0.0;
+                for (int64_t p = 0; p < 2 * kp; ++p) {
+                  want += double(ToFloat(a[i * lda + p])) * ToFloat(bt[p * ldb + j]);
+                }
+                worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+              }
+            }
+            ++g_checks;
+            if (worst > 1e-4) Fail(std::string("bf16_gemm ") + names[which]);
+          }
+        }
+      }
+      std::printf("tile ops %s: bf16 dot products checked\n", names[which]);
     }
     CheckSoftmaxOps(*ops, names[which], rng);
   }

@@ -577,6 +577,44 @@ std::vector<Problem> Cases() {
   p.dropout = DropoutMode::kKey;
   p.keep_prob = 0.6;
   cases.push_back(p);
+  // Short query blocks (the flash-decoding path): head groups of 1 to 8, more
+  // than one key chunk (kSplitKeys), dot and GEMM score routines, odd D.
+  p = Batched("decode gqa G=4 bottom-right", 2, 1, 2100, -kInf, 2099);
+  p.n1 = 8;
+  p.n2 = 2;
+  p.d = p.dv = 128;
+  cases.push_back(p);
+  p = Batched("decode G=8 mask + alibi + dropout key", 2, 2, 1500, -kInf, 1498);
+  p.n1 = 8;
+  p.n2 = 1;
+  p.mask_kind = 1;
+  p.bias = BiasKind::kAlibi;
+  p.after_scale = true;
+  p.offsets = {0, 0, 3, -2};
+  p.bias_batch = 2;
+  p.dropout = DropoutMode::kKey;
+  p.keep_prob = 0.9;
+  cases.push_back(p);
+  p = Batched("verify G=2 gemm scores d=40 dv=24", 1, 20, 1300, -kInf, 1280);
+  p.n1 = 4;
+  p.n2 = 2;
+  p.d = 40;
+  p.dv = 24;
+  cases.push_back(p);
+  p = Batched("decode G=1 band + prefix + pse type 1", 2, 3, 1100, -500, 1097, 10);
+  p.n1 = p.n2 = 2;
+  p.bias = BiasKind::kTensor;
+  cases.push_back(p);
+  p = Packed("packed decode G=4 + dropout mask",
+             {Seq(0, 1, 0, 1500, -kInf, 1499), Seq(0, 0, 0, 5), Seq(0, 2, 0, 0),
+              Seq(0, 3, 0, 40, -kInf, 37), Seq(0, 1, 0, 1030, -kInf, -kInf)});
+  p.n1 = 4;
+  p.n2 = 1;
+  p.d = 64;
+  p.dv = 48;
+  p.dropout = DropoutMode::kMask;
+  p.keep_prob = 0.7;
+  cases.push_back(p);
   return cases;
 }
 

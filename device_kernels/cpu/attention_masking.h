@@ -1,0 +1,87 @@
+// Masking steps shared by the attention kernels (attention_kernels.cc,
+// attention_split.cc): masked positions of a score tile to -inf, and the
+// products that must not let NaN/Inf of a masked key or value row leak.
+// Internal to the kernels.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_tiles.h"
+
+namespace jax_rope::cpu::attention {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Sets the masked positions of a tile of rows [r0, r0 + nr) x columns
+// [c0, c0 + nc) to -inf, and its padding (along the stored rows, up to
+// RoundUpToTile) too unless !pad (a head's columns inside a packed tile).
+// transposed: keys along the stored rows.
+inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n,
+                     int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld,
+                     bool transposed, bool pad = true) {
+  const int64_t q_step = transposed ? 1 : ld;
+  const int64_t k_step = transposed ? ld : 1;
+  const int64_t stored_rows = transposed ? nc : nr;
+  const int64_t used = transposed ? nr : nc;
+  for (int64_t r = 0; r < stored_rows && pad; ++r) {
+    std::fill(s + r * ld + used, s + r * ld + RoundUpToTile(used), kNegInf);
+  }
+  const ElementMask& mask = g.mask;
+  if (band.Covers(r0, nr, c0, nc) && mask.data == nullptr) return;
+  for (int64_t i = 0; i < nr; ++i) {
+    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
+    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
+    float* row = s + i * q_step;
+    for (int64_t j = 0; j < lo; ++j) row[j * k_step] = kNegInf;
+    for (int64_t j = hi; j < nc; ++j) row[j * k_step] = kNegInf;
+    if (mask.data == nullptr) continue;
+    const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
+    for (int64_t j = lo; j < hi; ++j) {
+      if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
+    }
+  }
+}
+
+// C += A * B (TileOps::gemm's operands, m x k times k x n) where A holds
+// probabilities or their gradients, 0 at masked positions, and B is a block of
+// data: a masked position must contribute nothing even where B holds NaN or
+// Inf (0 * NaN is NaN). When every position is visible, or B is finite, the
+// GEMM is exact as it is; otherwise B's non-finite entries are zeroed for the
+// GEMM and added back for the visible positions only. visible(i, p): A(i, p)
+// is a visible position.
+template <typename VisibleFn>
+inline void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, const float* a,
+                       int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                       int64_t ldc, bool all_visible, const VisibleFn& visible, float* scratch) {
+  bool finite = true;
+  for (int64_t p = 0; p < k && finite && !all_visible; ++p) {
+    for (int64_t d = 0; d < n; ++d) finite &= std::isfinite(b[p * ldb + d]);
+  }
+  if (finite) {
+    ops.gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
+    return;
+  }
+  const int64_t np = RoundUpToTile(n);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t d = 0; d < np; ++d) {
+      const float x = d < n ? b[p * ldb + d] : 0.0f;
+      scratch[p * np + d] = std::isfinite(x) ? x : 0.0f;
+    }
+  }
+  ops.gemm(m, n, k, a, a_row, a_col, scratch, np, c, ldc, true);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t d = 0; d < n; ++d) {
+      const float x = b[p * ldb + d];
+      if (std::isfinite(x)) continue;
+      for (int64_t i = 0; i < m; ++i) {
+        if (visible(i, p)) c[i * ldc + d] += a[i * a_row + p * a_col] * x;
+      }
+    }
+  }
+}
+
+}  // namespace jax_rope::cpu::attention

@@ -1,0 +1,253 @@
+// Flash-decoding forward for short query blocks (attention_kernels.h:
+// PlanSplitForward). The G = N1 / N2 query heads of a kv head share one tile
+// whose columns are (head, row) pairs, head-major, so each K/V block is read
+// (and converted) once per group; bias, mask and dropout run per head on that
+// head's columns. Short groups (at most kTileAlign rows) take the dot-product
+// score routine, longer ones the GEMM over the transposed rows.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "device_kernels/cpu/attention_bias.h"
+#include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/attention_masking.h"
+#include "device_kernels/cpu/attention_tiles.h"
+
+namespace jax_rope::cpu {
+namespace {
+
+using namespace attention;
+
+// Packed rows per tile (the cap on q_len * G) and keys per key block.
+constexpr int64_t kBlock = 64;
+static_assert(kSplitKeys % kBlock == 0, "chunks hold whole key blocks");
+constexpr int64_t kPrefetchBlocks = 1;
+
+// Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
+// the scratch: rows() maxima, rows() sums, then rows() x dvp outputs.
+class SplitItems {
+ public:
+  struct Item {
+    int64_t seq, head, chunk;
+  };
+
+  SplitItems(const AttentionGeometry& g, const SequenceBand* seqs)
+      : group_(ValidGeometry(g) ? g.q_heads / g.kv_heads : 0), kv_heads_(g.kv_heads) {
+    if (group_ == 0 || g.batch <= 0) return;
+    int64_t max_q = 0;
+    for (int64_t b = 0; b < g.batch; ++b) max_q = std::max(max_q, Band(seqs[b]).q_len);
+    if (max_q == 0 || group_ * max_q > kBlock) return;
+    rows_ = group_ * max_q;
+    slot_ = rows_ * (2 + RoundUpToTile(g.value_dim));
+    int64_t total = 0;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      chunks_.push_back(CeilDiv(Band(seqs[b]).kv_len, kSplitKeys));
+      total += kv_heads_ * chunks_.back();
+      ends_.push_back(total);
+    }
+  }
+  bool applicable() const { return rows_ > 0; }
+  int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
+  int64_t rows() const { return rows_; }
+  int64_t slot() const { return slot_; }
+  int64_t group() const { return group_; }
+  int64_t chunks(int64_t seq) const { return chunks_[seq]; }
+  // Chunk-major within a sequence: consecutive items (one thread's run) read
+  // the same key rows of neighbouring heads, which share pages.
+  int64_t Index(int64_t seq, int64_t head, int64_t chunk) const {
+    return (seq == 0 ? 0 : ends_[seq - 1]) + chunk * kv_heads_ + head;
+  }
+  Item operator[](int64_t t) const {
+    const int64_t seq = std::upper_bound(ends_.begin(), ends_.end(), t) - ends_.begin();
+    const int64_t rem = t - (seq == 0 ? 0 : ends_[seq - 1]);
+    return {seq, rem % kv_heads_, rem / kv_heads_};
+  }
+
+ private:
+  int64_t group_, kv_heads_, rows_ = 0, slot_ = 0;
+  std::vector<int64_t> chunks_, ends_;
+};
+
+// Query rows of the group as float32: row-major in ws.group_q (dot scores) or
+// transposed in ws.t1 (GEMM scores), zero padded to RoundUpToTile(m).
+template <typename T>
+void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query, int64_t b,
+                    int64_t kvh, int64_t group, bool dot, Workspace& ws) {
+  const int64_t nr = band.q_len, m = group * nr, mp = RoundUpToTile(m), d = g.head_dim;
+  for (int64_t h = 0; h < group; ++h) {
+    for (int64_t i = 0; i < nr; ++i) {
+      const T* src = query + Offset(g.q, b, band.q_start + i, kvh * group + h);
+      const int64_t col = h * nr + i;
+      if (dot) {
+        LoadBlock(src, 0, 1, d, ws.group_q + col * ws.dp, ws.dp);
+      } else {
+        for (int64_t p = 0; p < d; ++p) ws.t1[p * kBlock + col] = ToFloat(src[p]);
+      }
+    }
+  }
+  if (dot) {
+    std::fill(ws.group_q + m * ws.dp, ws.group_q + mp * ws.dp, 0.0f);
+  } else {
+    for (int64_t p = 0; p < d; ++p) std::fill(ws.t1 + p * kBlock + m, ws.t1 + p * kBlock + mp, 0.0f);
+  }
+}
+
+template <typename T>
+void SplitItem(const AttentionGeometry& g, const SequenceBand* seqs,
+               const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t t,
+               float* scratch, const TileOps& ops, Workspace& ws) {
+  const SplitItems::Item it = items[t];
+  const Band band(seqs[it.seq]);
+  const int64_t b = it.seq, kvh = it.head, group = items.group(), nr = band.q_len;
+  const int64_t m = group * nr, mp = RoundUpToTile(m), d = g.head_dim, dv = g.value_dim;
+  if (m == 0) return;
+  const float scale = ScoreScale(g);
+  const bool dropout = g.dropout.mode != DropoutMode::kNone;
+  const bool dot = m <= kTileAlign;
+  float* slot = scratch + t * items.slot();
+  float* o = slot + 2 * items.rows();
+  PackGroupQuery(g, band, a.query, b, kvh, group, dot, ws);
+  std::fill(o, o + m * ws.dvp, 0.0f);
+  std::fill(ws.max, ws.max + mp, kNegInf);
+  std::fill(ws.sum, ws.sum + mp, 0.0f);
+  const BlockSpan keys = band.KeyBlocks(0, nr, kBlock);
+  const int64_t first = std::max(keys.start, it.chunk * kSplitKeys);
+  const int64_t last = std::min(keys.end, (it.chunk + 1) * kSplitKeys);
+  for (int64_t c0 = first; c0 < last; c0 += kBlock) {
+    const int64_t nc = std::min(kBlock, band.kv_len - c0);
+    // K/V rows kPrefetchBlocks blocks ahead (strided rows: one page each, which
+    // the hardware prefetchers do not follow).
+    for (int64_t p0 = c0 == first ? c0 + kBlock : c0 + kPrefetchBlocks * kBlock;
+         p0 <= c0 + kPrefetchBlocks * kBlock && p0 < last; p0 += kBlock) {
+      Prefetch(a.key + Offset(g.k, b, band.kv_start + p0, kvh), g.k.seq,
+               std::min(kBlock, band.kv_len - p0), d);
+      Prefetch(a.value + Offset(g.v, b, band.kv_start + p0, kvh), g.v.seq,
+               std::min(kBlock, band.kv_len - p0), dv);
+    }
+    // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
+    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d, dot,
+                           ws.n1, ws.dp);
+    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
+                           true, ws.n2, ws.dvp);
+    // Dot scores by query rows (keys along vectors: the softmax runs on whole
+    // vectors however few the rows), GEMM scores transposed (queries along them).
+    const int64_t ncp = RoundUpToTile(nc);
+    const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
+    if (dot) {
+      ops.dot_scores(nc, m, d, k.data, k.ld, ws.group_q, ws.dp, ws.s, 1, kBlock);
+      for (int64_t r = 0; r < m; ++r) {
+        std::fill(ws.s + r * kBlock + nc, ws.s + r * kBlock + ncp, kNegInf);
+      }
+    } else {
+      ops.gemm(nc, m, d, k.data, k.ld, 1, ws.t1, kBlock, ws.s, kBlock, false);
+      for (int64_t j = 0; j < nc; ++j) {
+        std::fill(ws.s + j * kBlock + m, ws.s + j * kBlock + mp, kNegInf);
+      }
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      float* sh = ws.s + h * head_step;
+      AddBias<T>(g, band, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot);
+      MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false);
+    }
+    if (dot) {
+      ops.softmax_rows(ws.s, kBlock, m, ncp, scale, ws.max, ws.sum, o, ws.dvp, ws.dvp);
+    } else {
+      ops.softmax_step(ws.s, kBlock, nc, mp, scale, ws.max, ws.sum, o, ws.dvp, m, ws.dvp);
+    }
+    for (int64_t h = 0; h < group && dropout; ++h) {  // statistics stay undropped
+      float* keep = ws.keep + h * head_step;
+      KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
+      ApplyKeep(band, 0, nr, c0, nc, ws.s + h * head_step, keep, kBlock, !dot);
+    }
+    const bool full = band.Covers(0, nr, c0, nc) && g.mask.data == nullptr;
+    MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v.data, v.ld, o, ws.dvp,
+               full,
+               [&](int64_t i, int64_t p) {
+                 return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + p);
+               },
+               ws.finite);
+  }
+  std::copy(ws.max, ws.max + m, slot);
+  std::copy(ws.sum, ws.sum + m, slot + items.rows());
+}
+
+template <typename T>
+void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
+                const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t u,
+                const float* scratch, float* acc) {
+  const int64_t b = u / g.kv_heads, kvh = u % g.kv_heads;
+  const Band band(seqs[b]);
+  const int64_t group = items.group(), nr = band.q_len, dv = g.value_dim;
+  const int64_t dvp = RoundUpToTile(dv), rows = items.rows();
+  const int64_t chunks = items.chunks(b);
+  auto slot_of = [&](int64_t c) { return scratch + items.Index(b, kvh, c) * items.slot(); };
+  for (int64_t r = 0; r < group * nr; ++r) {
+    const int64_t n = kvh * group + r / nr, row = band.q_start + r % nr;
+    float mx = kNegInf;
+    for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, slot_of(c)[r]);
+    float sum = 0.0f;
+    std::fill(acc, acc + dv, 0.0f);
+    for (int64_t c = 0; c < chunks && mx != kNegInf; ++c) {  // chunk order: deterministic
+      const float* slot = slot_of(c);
+      if (slot[r] == kNegInf) continue;
+      const float f = std::exp(slot[r] - mx);
+      sum += f * slot[rows + r];
+      const float* o = slot + 2 * rows + r * dvp;
+      for (int64_t e = 0; e < dv; ++e) acc[e] += f * o[e];
+    }
+    const bool dead = mx == kNegInf;
+    StoreRows(acc, dvp, 1, dv, dead ? 0.0f : 1.0f / sum, a.out + Offset(g.out, b, row, n), 0);
+    const int64_t idx = Offset(g.stats, b, row, n);
+    a.softmax_max[idx] = dead ? kMaskValue : mx;
+    a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
+  }
+}
+
+}  // namespace
+
+SplitForwardPlan PlanSplitForward(const AttentionGeometry& g, const SequenceBand* seqs) {
+  const SplitItems items(g, seqs);
+  if (!items.applicable()) return {};
+  return {items.size(), g.batch * g.kv_heads, std::max<int64_t>(items.size() * items.slot(), 1)};
+}
+
+template <typename T>
+void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
+                           const AttentionForwardArgs<T>& args, float* scratch, int64_t begin,
+                           int64_t end) {
+  const SplitItems items(g, seqs);
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, items.size());
+  if (begin >= end) return;
+  const TileOps& ops = GetTileOps();
+  Workspace ws(g, kBlock);
+  for (int64_t t = begin; t < end; ++t) SplitItem(g, seqs, args, items, t, scratch, ops, ws);
+}
+
+template <typename T>
+void AttentionForwardMerge(const AttentionGeometry& g, const SequenceBand* seqs,
+                           const AttentionForwardArgs<T>& args, const float* scratch,
+                           int64_t begin, int64_t end) {
+  const SplitItems items(g, seqs);
+  if (!items.applicable()) return;
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, g.batch * g.kv_heads);
+  if (begin >= end) return;
+  std::vector<float> acc(RoundUpToTile(g.value_dim));
+  for (int64_t u = begin; u < end; ++u) MergeGroup(g, seqs, args, items, u, scratch, acc.data());
+}
+
+#define JAX_ROPE_INSTANTIATE(T)                                                               \
+  template void AttentionForwardSplit<T>(const AttentionGeometry&, const SequenceBand*,      \
+                                         const AttentionForwardArgs<T>&, float*, int64_t,     \
+                                         int64_t);                                            \
+  template void AttentionForwardMerge<T>(const AttentionGeometry&, const SequenceBand*,      \
+                                         const AttentionForwardArgs<T>&, const float*,        \
+                                         int64_t, int64_t);
+JAX_ROPE_INSTANTIATE(float)
+JAX_ROPE_INSTANTIATE(BFloat16)
+JAX_ROPE_INSTANTIATE(Float16)
+#undef JAX_ROPE_INSTANTIATE
+
+}  // namespace jax_rope::cpu

@@ -1,0 +1,120 @@
+"""The CPU kernels' fast paths against the float64 oracle (tests/attention_oracle.py): the
+flash-decoding forward for short query blocks (head groups G = N1 / N2 packed into one tile,
+key axis split into fixed chunks merged in order) with its dot-product and GEMM score
+routines, every sparse mode that allows Sq = 1, head dims 64/128/256/40 and Dv < D, bfloat16
+inputs, and ffi against the jax.numpy fallback with ALiBi and dropout. Keys run past one
+chunk (1024) so the merge is exercised."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import attention_oracle as ao
+import jax_rope as jr
+from attention_oracle import f64
+
+TOL = {"float32": (2e-5, 2e-5), "bfloat16": (1e-2, 1e-2)}
+
+
+def _rng(*parts):
+    import zlib
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def _check(args, kw):
+    """ffi forward (and the same call again: same bits) against the oracle."""
+    f = jax.jit(functools.partial(jr.flash_attention_score, **kw))
+    with jr.backend("ffi"):
+        got = [np.asarray(o) for o in f(*(jnp.asarray(a) for a in args))]
+        again = [np.asarray(o) for o in f(*(jnp.asarray(a) for a in args))]
+    for g, a in zip(got, again):
+        np.testing.assert_array_equal(g, a)
+    layout = kw.get("input_layout", "BSND")
+    ref = ao.flash_attention_score(*(f64(a) for a in args), **ao.ref_kwargs(kw))
+    rtol, atol = TOL[np.dtype(args[0].dtype).name]
+    stats = (lambda s: s.T[None]) if layout == "TND" else (lambda s: s)
+    dead = stats(ref[1]) == ao.FLOAT32_LOWEST
+    out, mx, sm = got
+    assert not np.isnan(f64(out)).any()
+    o4 = ao.to_bnsd(out, layout, dead.shape[1])
+    assert np.all(o4[dead] == 0)
+    np.testing.assert_array_equal(stats(mx)[dead], ao.FLOAT32_LOWEST)
+    np.testing.assert_array_equal(stats(sm)[dead], ao.FLOAT32_MAX)
+    np.testing.assert_allclose(f64(out), ref[0], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(stats(mx)[~dead], stats(ref[1])[~dead], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(stats(sm)[~dead], stats(ref[2])[~dead], rtol=rtol, atol=atol)
+
+
+# (D, Dv, G, Sq): dot scores for G * Sq <= 16, GEMM scores above; odd D; Dv < D.
+@pytest.mark.parametrize("d,dv,group,sq", [
+    (128, 128, 4, 1), (64, 64, 1, 1), (256, 256, 2, 1), (40, 40, 8, 1), (64, 32, 4, 3),
+    (40, 24, 2, 20), (128, 128, 8, 8)])
+def test_short_queries_shapes(d, dv, group, sq):
+    rng = _rng(d, dv, group, sq)
+    args, kw = ao.make_case(rng, B=2, Sq=sq, Skv=1100, N1=2 * group, N2=2, D=d, Dv=dv,
+                            sparse_mode=3)
+    _check(args, kw)
+
+
+@pytest.mark.parametrize("mode", [0, "0-mask", 1, 2, 3, 4, 5, 6])
+def test_decode_sparse_modes(mode):
+    rng = _rng("mode", mode)
+    sq, skv, b = 1, 1030, 2
+    m = 0 if mode == "0-mask" else mode
+    kw = ao.mode_kwargs(m, rng, b, sq, skv)
+    if mode == 0:
+        kw.pop("atten_mask", None)
+    if mode == 1:
+        kw["atten_mask"] = ao.random_atten_mask(rng, (b, 1, sq, skv), 0.3)
+    args, kw2 = ao.make_case(rng, B=b, Sq=sq, Skv=skv, N1=4, N2=1, D=64, **kw)
+    _check(args, kw2)
+
+
+@pytest.mark.parametrize("mode", [7, 8])
+def test_decode_varlen(mode):
+    rng = _rng("tnd", mode)
+    lq, lkv = [1, 0, 2, 1], [1200, 7, 40, 1030]
+    args, kw = ao.make_case(rng, "TND", N1=4, N2=2, D=64, seq_q=lq, seq_kv=lkv,
+                            **ao.varlen_kwargs(mode, rng, lq, lkv))
+    _check(args, kw)
+
+
+def test_decode_bfloat16():
+    rng = _rng("bf16")
+    args, kw = ao.make_case(rng, "BSND", ml_dtypes.bfloat16, B=2, Sq=1, Skv=1500, N1=8, N2=2, D=128,
+                            sparse_mode=3)
+    _check(args, kw)
+
+
+def test_masked_kv_rows_do_not_leak():
+    """NaN/Inf in key/value rows that the band masks out leave the output finite."""
+    rng = _rng("nan")
+    args, kw = ao.make_case(rng, B=1, Sq=1, Skv=1100, N1=4, N2=1, D=64, sparse_mode=4,
+                            pre_tokens=500, next_tokens=0)
+    k, v = args[1].copy(), args[2].copy()
+    k[:, :300] = np.nan
+    v[:, :300] = np.inf
+    with jr.backend("ffi"):
+        out = np.asarray(jr.flash_attention_score(*(jnp.asarray(a) for a in (args[0], k, v)),
+                                                  **kw)[0])
+    ref = ao.flash_attention_score(f64(args[0]), f64(args[1]), f64(args[2]), **kw)[0]
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_bias_dropout_ffi_matches_fallback():
+    """ALiBi and dropout through the decode path: the same numbers as the jax.numpy fallback."""
+    rng = _rng("alibi")
+    args, kw = ao.make_case(rng, B=2, Sq=1, Skv=1100, N1=8, N2=2, D=64, sparse_mode=3)
+    slopes = jnp.asarray(2.0 ** (-np.arange(1, 9)), jnp.float32)
+    f = functools.partial(jr.flash_attention_score, pse=slopes, pse_type=2, keep_prob=0.9,
+                          dropout_key=jax.random.key(0), **kw)
+    got = {}
+    for backend in ("ffi", "fallback"):
+        with jr.backend(backend):
+            got[backend] = [np.asarray(o) for o in f(*(jnp.asarray(a) for a in args))]
+    for a, b in zip(got["ffi"], got["fallback"]):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
