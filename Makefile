@@ -67,7 +67,7 @@ $(WHEEL_STAMP): $(REQUIREMENTS) $(SOURCES) $(PY_SOURCES)
 	touch $@
 
 test: $(STAMP) kernel-test wheel
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The peers' table of the README (torch SDPA from the "hf"/"bench" extra, jax.nn, the
 # fallback, the machine's FMA peak and copy bandwidth, in one process) and its plot.
