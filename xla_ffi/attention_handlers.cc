@@ -293,6 +293,24 @@ ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, const Fn& fn) {
                 : ffi::Error::Success();
 }
 
+// Whether the backward runs as one pass over (sequence, kv head) items
+// (cpu::AttentionBackwardFused: five tile products instead of seven, the same
+// bits as the two passes, so the choice may follow the thread count): when
+// those items keep every thread busy and the per-thread dquery accumulator
+// (group x q_len x head_dim floats) stays small.
+bool UseFusedBackward(const cpu::AttentionGeometry& g, const cpu::SequenceBand* seqs,
+                      int64_t threads) {
+  const int64_t items = cpu::FusedBackwardWorkItems(g);
+  threads = std::max<int64_t>(threads, 1);
+  if (items < 2 * threads && items % threads != 0) return false;
+  if (items == 0) return false;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < g.batch; ++b) longest = std::max<int64_t>(longest, seqs[b].q_len);
+  const int64_t dp = (g.head_dim + 15) / 16 * 16;
+  constexpr int64_t kMaxAccumulatorFloats = int64_t{1} << 25;  // 128 MiB
+  return (g.q_heads / g.kv_heads) * longest * dp <= kMaxAccumulatorFloats;
+}
+
 }  // namespace
 
 ffi::Error AttentionForwardImpl(
@@ -340,7 +358,7 @@ ffi::Error AttentionForwardImpl(
     }
     const cpu::SplitForwardPlan split = cpu::PlanSplitForward(g, d.seqs);
     if (split.groups == 0) {
-      status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, cpu::AttentionForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
         cpu::AttentionForward(g, d.seqs, args, b, e);
       });
       return;
@@ -454,6 +472,12 @@ ffi::Error AttentionBackwardImpl(
     status = GuardedParallelFor(pool, query_items, [&](int64_t b, int64_t e) {
       cpu::AttentionRowDelta(g, d.seqs, args, delta, b, e);
     });
+    if (status.success() && UseFusedBackward(g, d.seqs, pool.num_threads())) {
+      status = GuardedParallelFor(pool, cpu::FusedBackwardWorkItems(g), [&](int64_t b, int64_t e) {
+        cpu::AttentionBackwardFused(g, d.seqs, args, delta, b, e);
+      });
+      return;
+    }
     if (status.success()) {
       status = GuardedParallelFor(pool, cpu::KeyBlockWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
         cpu::AttentionBackwardKeyValue(g, d.seqs, args, delta, b, e);

@@ -100,8 +100,11 @@ class WorkItems {
     int64_t seq, head, block;
   };
 
-  WorkItems(const AttentionGeometry& g, const SequenceBand* seqs, bool key_blocks, int64_t block)
-      : heads_(key_blocks ? g.kv_heads : g.q_heads) {
+  // heads_per_item > 1: item.head numbers groups of that many consecutive query
+  // heads (it must divide q_heads).
+  WorkItems(const AttentionGeometry& g, const SequenceBand* seqs, bool key_blocks, int64_t block,
+            int64_t heads_per_item = 1)
+      : heads_((key_blocks ? g.kv_heads : g.q_heads) / std::max<int64_t>(heads_per_item, 1)) {
     if (!ValidGeometry(g)) return;
     ends_.reserve(g.batch);
     int64_t total = 0;
@@ -193,10 +196,18 @@ template <typename T>
 void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                     int64_t ld) {
   const int64_t padded = RoundUpToTile(rows);
+  // Eight source rows at a time: rows a page apart share L1 sets, and a
+  // column-by-column walk down all of them would miss on every element.
+  constexpr int64_t kRows = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t nr = std::min(kRows, rows - r0);
+    for (int64_t c = 0; c < cols; ++c) {
+      float* out = dst + c * ld + r0;
+      for (int64_t r = 0; r < nr; ++r) out[r] = ToFloat(src[(r0 + r) * stride + c]);
+    }
+  }
   for (int64_t c = 0; c < cols; ++c) {
-    float* out = dst + c * ld;
-    for (int64_t r = 0; r < rows; ++r) out[r] = ToFloat(src[r * stride + c]);
-    for (int64_t r = rows; r < padded; ++r) out[r] = 0.0f;
+    for (int64_t r = rows; r < padded; ++r) dst[c * ld + r] = 0.0f;
   }
 }
 

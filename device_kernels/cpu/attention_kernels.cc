@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
@@ -92,65 +93,139 @@ void PrefetchKeyBlock(const AttentionGeometry& g, const Band& band, const T* key
   Prefetch(value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, g.value_dim);
 }
 
+// Forward items: each runs up to kForwardLanes (query head, query block) lanes
+// of one kv head's group over one key loop, so that each K/V block is read
+// once for all of them (chunked prefill with G = 4: 1.5x). The lanes are heads
+// of the group (a divisor of its size) over ForwardShape::blocks consecutive
+// query blocks; per lane the steps are those of a lane alone, in the same
+// order, so the lanes per item never change the bits.
+constexpr int64_t kForwardLanes = 4;
+
+struct ForwardShape {
+  int64_t heads = 1;   // query heads per item
+  int64_t blocks = 1;  // query blocks per item
+};
+
+ForwardShape ForwardShapeOf(const AttentionGeometry& g) {
+  ForwardShape f;
+  if (!attention::ValidGeometry(g)) return f;
+  const int64_t group = g.q_heads / g.kv_heads;
+  for (int64_t h = 1; h <= kForwardLanes; ++h) {
+    if (group % h == 0) f.heads = h;
+  }
+  // Consecutive query blocks of one head (G = 1) measured no faster: K/V reads
+  // are not what limits the causal forward. One block per item.
+  f.blocks = 1;
+  return f;
+}
+
+// Per-lane state beyond the workspace: query block (transposed), output
+// accumulator and row statistics.
+struct ForwardLanes {
+  std::vector<float> q, o, max, sum;
+  int64_t q_size = 0, o_size = 0;
+  ForwardLanes(const AttentionGeometry& g, const Workspace& ws)
+      : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.dvp) {
+    q.assign(kForwardLanes * q_size, 0.0f);
+    o.assign(kForwardLanes * o_size, 0.0f);
+    max.assign(kForwardLanes * kBlockQ, 0.0f);
+    sum.assign(kForwardLanes * kBlockQ, 0.0f);
+  }
+};
+
 template <typename T>
 void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
-                 const AttentionForwardArgs<T>& a, const WorkItems::Item& it,
-                 const TileOps& ops, Workspace& ws) {
+                 const AttentionForwardArgs<T>& a, const WorkItems::Item& it, ForwardShape shape,
+                 const TileOps& ops, Workspace& ws, ForwardLanes& fl) {
   const Band band(seqs[it.seq]);
-  const int64_t b = it.seq, n = it.head, kvh = n / (g.q_heads / g.kv_heads);
-  const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
-  const int64_t nrp = RoundUpToTile(nr), d = g.head_dim, dv = g.value_dim;
+  const int64_t b = it.seq, n0 = it.head * shape.heads, kvh = n0 / (g.q_heads / g.kv_heads);
+  const int64_t d = g.head_dim, dv = g.value_dim;
   const float scale = ScoreScale(g);
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   // bfloat16 scores with the CPU's bf16 dot products: K read in place.
   const bool bf16 = std::is_same_v<T, BFloat16> && ops.bf16_gemm != nullptr && d % 2 == 0;
-  uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.t1);
-  if (bf16) {
-    LoadPairsTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, q_pairs,
-                        kBlockQ);
-  } else {
-    LoadTransposed(a.query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, d, ws.t1,
-                   kBlockQ);
+  struct Lane {
+    int64_t n, r0, nr;
+    attention::BlockSpan keys;
+  };
+  Lane lanes[kForwardLanes];
+  int64_t count = 0;
+  int64_t first = 0, last = 0;  // the union of the lanes' key blocks
+  for (int64_t blk = 0; blk < shape.blocks; ++blk) {
+    const int64_t r0 = (it.block * shape.blocks + blk) * kBlockQ;
+    if (r0 >= band.q_len) break;
+    const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+    const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+    for (int64_t h = 0; h < shape.heads; ++h) {
+      const int64_t j = count++;
+      lanes[j] = {n0 + h, r0, nr, keys};
+      const T* query = a.query + Offset(g.q, b, band.q_start + r0, n0 + h);
+      float* qt = fl.q.data() + j * fl.q_size;
+      if (bf16) {
+        LoadPairsTransposed(query, g.q.seq, nr, d, reinterpret_cast<uint32_t*>(qt), kBlockQ);
+      } else {
+        LoadTransposed(query, g.q.seq, nr, d, qt, kBlockQ);
+      }
+      std::fill(fl.o.data() + j * fl.o_size, fl.o.data() + j * fl.o_size + nr * ws.dvp, 0.0f);
+      const int64_t nrp = RoundUpToTile(nr);
+      std::fill(fl.max.data() + j * kBlockQ, fl.max.data() + j * kBlockQ + nrp, kNegInf);
+      std::fill(fl.sum.data() + j * kBlockQ, fl.sum.data() + j * kBlockQ + nrp, 0.0f);
+    }
+    if (keys.start < keys.end) {
+      first = first < last ? std::min(first, keys.start) : keys.start;
+      last = std::max(last, keys.end);
+    }
   }
-  float* o = ws.acc1;
-  std::fill(o, o + nr * ws.dvp, 0.0f);
-  std::fill(ws.max, ws.max + nrp, kNegInf);
-  std::fill(ws.sum, ws.sum + nrp, 0.0f);
-  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
-  for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
+  for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
+    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
                            true, ws.n2, ws.dvp);
-    // Transposed scores (keys x queries): the statistics run along vectors.
-    if (bf16) {
-      ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
-                    kBlockQ, ws.s, kBlockQ);
-    } else {
-      const Operand k = View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
-      ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
+    for (int64_t j = 0; j < count; ++j) {
+      const Lane& l = lanes[j];
+      if (c0 < l.keys.start || c0 >= l.keys.end) continue;
+      const int64_t n = l.n, r0 = l.r0, nr = l.nr;
+      const float* qt = fl.q.data() + j * fl.q_size;
+      float* o = fl.o.data() + j * fl.o_size;
+      // Transposed scores (keys x queries): the statistics run along vectors.
+      if (bf16) {
+        ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
+                      reinterpret_cast<const uint32_t*>(qt), kBlockQ, ws.s, kBlockQ);
+      } else {
+        ops.gemm(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, false);
+      }
+      AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+      MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, fl.max.data() + j * kBlockQ,
+                       fl.sum.data() + j * kBlockQ, o, ws.dvp, nr, ws.dvp);
+      if (dropout) {  // the statistics above stay those of the undropped softmax
+        KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
+        ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
+      }
+      const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+      MaskedGemm(ops, nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, full,
+                 [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
+                 ws.finite);
     }
-    AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    ops.softmax_step(ws.s, kBlockQ, nc, nrp, scale, ws.max, ws.sum, o, ws.dvp, nr, ws.dvp);
-    if (dropout) {  // the statistics above stay those of the undropped softmax
-      KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
-      ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
-    }
-    const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-    MaskedGemm(ops, nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, full,
-               [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
-               ws.finite);
   }
-  for (int64_t i = 0; i < nr; ++i) {
-    const int64_t row = band.q_start + r0 + i;
-    const int64_t idx = Offset(g.stats, b, row, n);
-    T* out = a.out + Offset(g.out, b, row, n);
-    const bool dead = ws.max[i] == kNegInf;
-    StoreRows(o + i * ws.dvp, ws.dvp, 1, dv, dead ? 0.0f : 1.0f / ws.sum[i], out, 0);
-    a.softmax_max[idx] = dead ? kMaskValue : ws.max[i];
-    a.softmax_sum[idx] = dead ? kDeadRowSum : ws.sum[i];
+  for (int64_t j = 0; j < count; ++j) {
+    const Lane& l = lanes[j];
+    const float* o = fl.o.data() + j * fl.o_size;
+    const float* mx = fl.max.data() + j * kBlockQ;
+    const float* sm = fl.sum.data() + j * kBlockQ;
+    for (int64_t i = 0; i < l.nr; ++i) {
+      const int64_t row = band.q_start + l.r0 + i;
+      const int64_t idx = Offset(g.stats, b, row, l.n);
+      T* out = a.out + Offset(g.out, b, row, l.n);
+      // A row whose visible scores are all NaN (a NaN key row it sees) keeps max
+      // -inf but has a NaN sum: NaN output, not a dead row's zeros.
+      const bool dead = mx[i] == kNegInf && sm[i] == 0.0f;
+      StoreRows(o + i * ws.dvp, ws.dvp, 1, dv, dead ? 0.0f : 1.0f / sm[i], out, 0);
+      a.softmax_max[idx] = mx[i] == kNegInf ? kMaskValue : mx[i];
+      a.softmax_sum[idx] = dead ? kDeadRowSum : sm[i];
+    }
   }
 }
 
@@ -283,6 +358,102 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }
 
+// dquery, dkey and dvalue of one (sequence, kv head) in one pass: the
+// key-block loop of KeyValueItem, with dS K of each tile also added to a
+// float32 dquery accumulator of the group's rows (dq, group x q_len rows of
+// ws.dp). Key blocks go in ascending order and each tile's products are those
+// of QueryItem (same sums in the same order), so dquery has the bits of the
+// two-pass path whatever the threads.
+template <typename T>
+void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
+                       const AttentionBackwardArgs<T>& a, const float* row_delta, int64_t b,
+                       int64_t h, const TileOps& ops, Workspace& ws, std::vector<float>& dq_acc) {
+  const Band band(seqs[b]);
+  const int64_t group = g.q_heads / g.kv_heads, d = g.head_dim, dv = g.value_dim;
+  const float scale = ScoreScale(g);
+  const bool dropout = g.dropout.mode != DropoutMode::kNone;
+  const bool bf16 = Bf16Products<T>(g, ops);
+  const int64_t ldq = ws.dp;
+  dq_acc.assign(group * band.q_len * ldq, 0.0f);
+  uint32_t* k_pairs = reinterpret_cast<uint32_t*>(ws.t1);
+  uint32_t* v_pairs = reinterpret_cast<uint32_t*>(ws.t2);
+  for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
+    const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const int64_t ncp = RoundUpToTile(nc);
+    const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
+    const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
+    if (bf16) {
+      LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, k_pairs, kBlockK);
+      LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, v_pairs, kBlockK);
+    } else {
+      LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
+      LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+    }
+    const Operand kb = View(a.key + k_off, g.k.seq, nc, d, true, ws.group_q, ws.dp);  // dQ's B
+    float* dk = ws.acc1;
+    float* dval = ws.acc2;
+    std::fill(dk, dk + nc * ws.dp, 0.0f);
+    std::fill(dval, dval + nc * ws.dvp, 0.0f);
+    const attention::BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
+    for (int64_t n = h * group; n < (h + 1) * group; ++n) {
+      float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
+      for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
+        const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+        const int64_t row = band.q_start + r0;
+        if (r0 + kBlockQ < queries.end) {  // the next query block's rows
+          const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
+          Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
+          Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
+        }
+        const Operand q =
+            View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
+        const Operand dout =
+            View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
+        LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
+        if (bf16) {
+          ops.bf16_gemm(nr, nc, d / 2,
+                        reinterpret_cast<const uint16_t*>(a.query + Offset(g.q, b, row, n)),
+                        g.q.seq, k_pairs, kBlockK, ws.s, kBlockK);
+          ops.bf16_gemm(nr, nc, dv / 2,
+                        reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
+                        g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
+        } else {
+          ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
+          ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+        }
+        AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+        MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+        if (dropout) {
+          KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
+          ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
+        }
+        ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta,
+                         false);
+        if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
+        const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+        const auto visible = [&](int64_t j, int64_t i) {
+          return Visible(band, g.mask, b, n, r0 + i, c0 + j);
+        };
+        MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
+                   visible, ws.finite);
+        MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
+                   ws.finite);
+        MaskedGemm(ops, nr, d, nc, ws.dprob, kBlockK, 1, kb.data, kb.ld, dq_head + r0 * ldq, ldq,
+                   full, [&](int64_t i, int64_t j) { return visible(j, i); }, ws.finite);
+      }
+    }
+    StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
+    StoreRows(dval, ws.dvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+  }
+  for (int64_t n = h * group; n < (h + 1) * group; ++n) {
+    const float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
+    for (int64_t i = 0; i < band.q_len; ++i) {
+      StoreRows(dq_head + i * ldq, ldq, 1, d, g.scale,
+                a.dquery + Offset(g.q, b, band.q_start + i, n), 0);
+    }
+  }
+}
+
 template <typename T>
 void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* query, const T* key,
                 float* scores, const int64_t strides[3], const WorkItems::Item& it,
@@ -332,6 +503,11 @@ int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
   return WorkItems(g, seqs, false, kBlockQ).size();
 }
 
+int64_t AttentionForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
+  const ForwardShape shape = ForwardShapeOf(g);
+  return WorkItems(g, seqs, false, kBlockQ * shape.blocks, shape.heads).size();
+}
+
 int64_t KeyBlockWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
   return WorkItems(g, seqs, true, kBlockK).size();
 }
@@ -339,10 +515,15 @@ int64_t KeyBlockWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) 
 template <typename T>
 void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
                       const AttentionForwardArgs<T>& args, int64_t begin, int64_t end) {
-  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps& ops,
-                                              Workspace& ws) {
-    ForwardItem(g, seqs, args, it, ops, ws);
-  });
+  const ForwardShape shape = ForwardShapeOf(g);
+  const WorkItems items(g, seqs, false, kBlockQ * shape.blocks, shape.heads);
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, items.size());
+  if (begin >= end) return;
+  const TileOps& ops = GetTileOps();
+  Workspace ws(g, kBlockMax);
+  ForwardLanes fl(g, ws);
+  for (int64_t t = begin; t < end; ++t) ForwardItem(g, seqs, args, items[t], shape, ops, ws, fl);
 }
 
 template <typename T>
@@ -384,6 +565,25 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
   });
 }
 
+int64_t FusedBackwardWorkItems(const AttentionGeometry& g) {
+  return attention::ValidGeometry(g) ? g.batch * g.kv_heads : 0;
+}
+
+template <typename T>
+void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs,
+                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            int64_t begin, int64_t end) {
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, FusedBackwardWorkItems(g));
+  if (begin >= end) return;
+  const TileOps& ops = GetTileOps();
+  Workspace ws(g, kBlockMax);
+  std::vector<float> dq_acc;
+  for (int64_t t = begin; t < end; ++t) {
+    FusedBackwardItem(g, seqs, args, row_delta, t / g.kv_heads, t % g.kv_heads, ops, ws, dq_acc);
+  }
+}
+
 template <typename T>
 void AttentionScores(const AttentionGeometry& g, const SequenceBand* seqs, const T* query,
                      const T* key, float* scores, const int64_t score_strides[3],
@@ -404,6 +604,9 @@ void AttentionScores(const AttentionGeometry& g, const SequenceBand* seqs, const
                                              const AttentionBackwardArgs<T>&, const float*,  \
                                              int64_t, int64_t);                              \
   template void AttentionBackwardQuery<T>(const AttentionGeometry&, const SequenceBand*,     \
+                                          const AttentionBackwardArgs<T>&, const float*,     \
+                                          int64_t, int64_t);                                 \
+  template void AttentionBackwardFused<T>(const AttentionGeometry&, const SequenceBand*,     \
                                           const AttentionBackwardArgs<T>&, const float*,     \
                                           int64_t, int64_t);                                 \
   template void AttentionScores<T>(const AttentionGeometry&, const SequenceBand*, const T*,  \

@@ -133,13 +133,19 @@ struct AttentionBackwardArgs {
   T* dvalue;
 };
 
-// Forward work items: (sequence, query head, query block). The list depends on
+// Query-block work items (sequence, query head, query block) of AttentionRowDelta,
+// AttentionBackwardQuery and AttentionScores. The list depends on
 // the run-time sequence table; callers run [begin, end) of it in parallel.
 // Rows outside every sequence (TND padding beyond the last cumulative length)
 // are the caller's: it pre-fills out/dquery/dkey/dvalue with zeros and the
 // statistics with kMaskValue / kDeadRowSum there. The kernels write every row
 // inside a sequence, dead rows included.
 int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
+
+// Items of AttentionForward (at most ForwardWorkItems; a larger end is fine):
+// each takes up to four query heads of one kv head's group over one query
+// block, so that a K/V block is read once for all of them.
+int64_t AttentionForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
 
 template <typename T>
 void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
@@ -195,6 +201,19 @@ void AttentionBackwardKeyValue(const AttentionGeometry& g, const SequenceBand* s
 
 template <typename T>
 void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs,
+                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            int64_t begin, int64_t end);
+
+// Passes 2 and 3 in one, over (sequence, kv head) items (item t: sequence
+// t / kv_heads, kv head t % kv_heads): dkey and dvalue block by block as in
+// pass 2, and dquery of the group's rows summed in a float32 accumulator
+// (q_len x group x head_dim per item) over the key blocks in ascending order.
+// Five products per tile instead of seven; the results have the bits of passes
+// 2 and 3 (the same sums in the same order). Needs pass 1's row_delta.
+int64_t FusedBackwardWorkItems(const AttentionGeometry& g);
+
+template <typename T>
+void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs,
                             const AttentionBackwardArgs<T>& args, const float* row_delta,
                             int64_t begin, int64_t end);
 

@@ -188,7 +188,12 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
     for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, slot_of(c)[r]);
     float sum = 0.0f;
     std::fill(acc, acc + dv, 0.0f);
-    for (int64_t c = 0; c < chunks && mx != kNegInf; ++c) {  // chunk order: deterministic
+    // A chunk whose visible scores are all NaN has max -inf and a NaN sum: the
+    // row's output is NaN (the poison of a key row it sees), not zeros.
+    for (int64_t c = 0; c < chunks; ++c) {
+      if (std::isnan(slot_of(c)[rows + r])) sum = NAN;
+    }
+    for (int64_t c = 0; c < chunks && mx != kNegInf && sum == sum; ++c) {  // chunk order
       const float* slot = slot_of(c);
       if (slot[r] == kNegInf) continue;
       const float f = std::exp(slot[r] - mx);
@@ -196,10 +201,10 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
       const float* o = slot + 2 * rows + r * dvp;
       for (int64_t e = 0; e < dv; ++e) acc[e] += f * o[e];
     }
-    const bool dead = mx == kNegInf;
+    const bool dead = mx == kNegInf && sum == 0.0f;
     StoreRows(acc, dvp, 1, dv, dead ? 0.0f : 1.0f / sum, a.out + Offset(g.out, b, row, n), 0);
     const int64_t idx = Offset(g.stats, b, row, n);
-    a.softmax_max[idx] = dead ? kMaskValue : mx;
+    a.softmax_max[idx] = mx == kNegInf ? kMaskValue : mx;
     a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
   }
 }

@@ -142,7 +142,8 @@ void RunProblem(const Problem& p, uint32_t seed) {
 
   const int64_t items = ForwardWorkItems(g, p.seqs.data());
   AttentionForwardArgs<T> fa{q.data(), k.data(), v.data(), out.data(), smax.data(), ssum.data()};
-  RunChunks(items, [&](int64_t b, int64_t e) { AttentionForward(g, p.seqs.data(), fa, b, e); });
+  RunChunks(AttentionForwardWorkItems(g, p.seqs.data()),
+            [&](int64_t b, int64_t e) { AttentionForward(g, p.seqs.data(), fa, b, e); });
   const double tol = Tolerance<T>();
   Compare(name + " out", ToFloats(out), ref.out, tol);
   Compare(name + " softmax_max", smax, ref.max, p.stat_tol);
@@ -229,6 +230,23 @@ void RunProblem(const Problem& p, uint32_t seed) {
       std::memcmp(dk.data(), dk2.data(), dk.size() * sizeof(T)) != 0 ||
       std::memcmp(dv.data(), dv2.data(), dv.size() * sizeof(T)) != 0) {
     Fail(name + ": gradients depend on the chunking");
+  }
+  // The one-pass backward over (sequence, kv head) items, in chunks: the same
+  // bits as the two passes (same products, same summation order).
+  std::vector<T> dq3 = Prefilled<T>(q_inside, 0.0f), dk3 = Prefilled<T>(k_inside, 0.0f);
+  std::vector<T> dv3 = Prefilled<T>(v_inside, 0.0f);
+  AttentionBackwardArgs<T> ba3 = ba;
+  ba3.dquery = dq3.data();
+  ba3.dkey = dk3.data();
+  ba3.dvalue = dv3.data();
+  RunChunks(FusedBackwardWorkItems(g), [&](int64_t b, int64_t e) {
+    AttentionBackwardFused(g, p.seqs.data(), ba3, delta.data(), b, e);
+  });
+  ++g_checks;
+  if (std::memcmp(dq.data(), dq3.data(), dq.size() * sizeof(T)) != 0 ||
+      std::memcmp(dk.data(), dk3.data(), dk.size() * sizeof(T)) != 0 ||
+      std::memcmp(dv.data(), dv3.data(), dv.size() * sizeof(T)) != 0) {
+    Fail(name + ": one-pass backward differs from the two passes");
   }
   const double gtol = std::is_same_v<T, float> ? 1e-4 : 2 * tol;
   Compare(name + " dq", ToFloats(dq), ref.dq, gtol);
