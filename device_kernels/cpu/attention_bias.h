@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/dropout_keep.h"
 #include "device_kernels/cpu/threefry.h"
 
 // The biased score is specified with two roundings, f32(f32(scale * x) + P):
@@ -127,6 +128,8 @@ inline float ScoreScale(const AttentionGeometry& g) {
   return g.bias.kind != BiasKind::kNone && g.bias.after_scale ? 1.0f : g.scale;
 }
 
+constexpr int64_t kMaxKeepRow = 256;
+
 // r = keep ? keep_scale : 0 at the band positions of the tile (same layout as
 // the score tile); other positions are not written.
 inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_t n,
@@ -136,12 +139,24 @@ inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, in
   const uint32_t row_word = dr.rows[b * g.q_heads + n];
   const float kept = dr.keep_scale;
   if (dr.mode == DropoutMode::kKey) {
+    // Whole tile rows in vector lanes (positions outside the band are written too:
+    // only band positions are read); transposed tiles through one row of scratch.
     const uint32_t k0 = dr.keys[2 * b], k1 = dr.keys[2 * b + 1], threshold = dr.threshold;
-    ForBandPositions(band, r0, nr, c0, nc, r, ld, transposed, [&](int64_t i, int64_t j, float& x) {
-      const uint32_t y0 = Threefry2x32(k0, k1, row_word + static_cast<uint32_t>(r0 + i),
-                                       static_cast<uint32_t>(c0 + j)).y0;
-      x = y0 < threshold ? kept : 0.0f;
-    });
+    float row[kMaxKeepRow];
+    for (int64_t i = 0; i < nr; ++i) {
+      const uint32_t word = row_word + static_cast<uint32_t>(r0 + i);
+      if (!transposed && nc <= kMaxKeepRow) {
+        KeepRow(k0, k1, word, static_cast<uint32_t>(c0), nc, threshold, kept, r + i * ld);
+        continue;
+      }
+      for (int64_t j0 = 0; j0 < nc; j0 += kMaxKeepRow) {
+        const int64_t count = std::min<int64_t>(kMaxKeepRow, nc - j0);
+        KeepRow(k0, k1, word, static_cast<uint32_t>(c0 + j0), count, threshold, kept, row);
+        for (int64_t j = 0; j < count; ++j) {
+          r[transposed ? (j0 + j) * ld + i : i * ld + j0 + j] = row[j];
+        }
+      }
+    }
   } else {
     const uint64_t first = uint64_t{row_word} + uint64_t(r0) * uint64_t(band.kv_len) + uint64_t(c0);
     const uint64_t kv_len = uint64_t(band.kv_len);
@@ -156,10 +171,18 @@ inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, in
 // s *= r at the band positions of the tile.
 inline void ApplyKeep(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s,
                       const float* r, int64_t ld, bool transposed) {
-  ForBandPositions(band, r0, nr, c0, nc, s, ld, transposed,
-                   [&](int64_t i, int64_t j, float& x) {
-                     x *= r[transposed ? j * ld + i : i * ld + j];
-                   });
+  if (transposed) {
+    ForBandPositions(band, r0, nr, c0, nc, s, ld, true,
+                     [&](int64_t i, int64_t j, float& x) { x *= r[j * ld + i]; });
+    return;
+  }
+  for (int64_t i = 0; i < nr; ++i) {  // a plain row loop: vectorised
+    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
+    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
+    float* __restrict__ row = s + i * ld;
+    const float* __restrict__ keep = r + i * ld;
+    for (int64_t j = lo; j < hi; ++j) row[j] *= keep[j];
+  }
 }
 
 }  // namespace jax_rope::cpu::attention
