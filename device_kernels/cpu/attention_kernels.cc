@@ -229,6 +229,78 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
 }
 
+// K and V rows [k_off, v_off) of one key block, transposed into ws.t1 / ws.t2
+// (as bf16 pairs when the products use the bf16 dot instruction).
+template <typename T>
+void LoadKeyBlock(const AttentionGeometry& g, const AttentionBackwardArgs<T>& a, int64_t k_off,
+                  int64_t v_off, int64_t nc, bool bf16, Workspace& ws) {
+  const int64_t d = g.head_dim, dv = g.value_dim;
+  if (bf16) {
+    LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, reinterpret_cast<uint32_t*>(ws.t1),
+                        kBlockK);
+    LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, reinterpret_cast<uint32_t*>(ws.t2),
+                        kBlockK);
+  } else {
+    LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
+    LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+  }
+}
+
+// One (query head n, query block r0) tile of a key block [c0, c0 + nc) in the
+// backward: recomputes P and dS (bias, masks, dropout as in the forward) into
+// ws.s / ws.dprob and adds P^T dO to dval and dS^T Q to dk (unscaled). K and V
+// of the block are in ws.t1 / ws.t2 (pairs for the bf16 products). Returns
+// whether the tile is fully visible (for a dS K product the caller adds).
+template <typename T>
+bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
+                  const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t q_end,
+                  int64_t c0, int64_t nc, const TileOps& ops, Workspace& ws, bool bf16,
+                  float* dk, float* dval) {
+  const int64_t nr = std::min(kBlockQ, band.q_len - r0), row = band.q_start + r0;
+  const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
+  const float scale = ScoreScale(g);
+  const bool dropout = g.dropout.mode != DropoutMode::kNone;
+  const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(ws.t1);
+  const uint32_t* v_pairs = reinterpret_cast<const uint32_t*>(ws.t2);
+  if (r0 + kBlockQ < q_end) {  // the next query block's rows
+    const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
+    Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
+    Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
+  }
+  const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
+  const Operand dout =
+      View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
+  LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
+  if (bf16) {
+    ops.bf16_gemm(nr, nc, d / 2,
+                  reinterpret_cast<const uint16_t*>(a.query + Offset(g.q, b, row, n)),
+                  g.q.seq, k_pairs, kBlockK, ws.s, kBlockK);
+    ops.bf16_gemm(nr, nc, dv / 2,
+                  reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
+                  g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
+  } else {
+    ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
+    ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+  }
+  AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+  MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+  if (dropout) {  // dP = dZ * R before the softmax gradient, Z = P * R for dV after it
+    KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
+    ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
+  }
+  ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
+  if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
+  const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+  const auto visible = [&](int64_t j, int64_t i) {
+    return Visible(band, g.mask, b, n, r0 + i, c0 + j);
+  };
+  MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
+             visible, ws.finite);
+  MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
+             ws.finite);
+  return full;
+}
+
 template <typename T>
 void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
                   const AttentionBackwardArgs<T>& a, const float* row_delta,
@@ -236,21 +308,11 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const Band band(seqs[it.seq]);
   const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads;
   const int64_t c0 = it.block * kBlockK, nc = std::min(kBlockK, band.kv_len - c0);
-  const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
-  const float scale = ScoreScale(g);
-  const bool dropout = g.dropout.mode != DropoutMode::kNone;
+  const int64_t d = g.head_dim, dv = g.value_dim;
   const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
   const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
   const bool bf16 = Bf16Products<T>(g, ops);
-  uint32_t* k_pairs = reinterpret_cast<uint32_t*>(ws.t1);
-  uint32_t* v_pairs = reinterpret_cast<uint32_t*>(ws.t2);
-  if (bf16) {
-    LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, k_pairs, kBlockK);
-    LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, v_pairs, kBlockK);
-  } else {
-    LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
-    LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
-  }
+  LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
   float* dk = ws.acc1;
   float* dval = ws.acc2;
   std::fill(dk, dk + nc * ws.dp, 0.0f);
@@ -258,44 +320,8 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const attention::BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
-      const int64_t nr = std::min(kBlockQ, band.q_len - r0);
-      const int64_t row = band.q_start + r0;
-      if (r0 + kBlockQ < queries.end) {  // the next query block's rows
-        const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
-        Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
-        Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
-      }
-      const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
-      const Operand dout =
-          View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
-      LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
-      if (bf16) {
-        ops.bf16_gemm(nr, nc, d / 2,
-                      reinterpret_cast<const uint16_t*>(a.query + Offset(g.q, b, row, n)),
-                      g.q.seq, k_pairs, kBlockK, ws.s, kBlockK);
-        ops.bf16_gemm(nr, nc, dv / 2,
-                      reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
-                      g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
-      } else {
-        ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
-        ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
-      }
-      AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-      MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-      if (dropout) {  // dP = dZ * R before the softmax gradient, Z = P * R for dV after it
-        KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
-        ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
-      }
-      ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
-      if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
-      const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-      const auto visible = [&](int64_t j, int64_t i) {
-        return Visible(band, g.mask, b, n, r0 + i, c0 + j);
-      };
-      MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
-                 visible, ws.finite);
-      MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
-                 ws.finite);
+      KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16, dk,
+                   dval);
     }
   }
   StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
@@ -370,25 +396,14 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                        int64_t h, const TileOps& ops, Workspace& ws, std::vector<float>& dq_acc) {
   const Band band(seqs[b]);
   const int64_t group = g.q_heads / g.kv_heads, d = g.head_dim, dv = g.value_dim;
-  const float scale = ScoreScale(g);
-  const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const bool bf16 = Bf16Products<T>(g, ops);
   const int64_t ldq = ws.dp;
   dq_acc.assign(group * band.q_len * ldq, 0.0f);
-  uint32_t* k_pairs = reinterpret_cast<uint32_t*>(ws.t1);
-  uint32_t* v_pairs = reinterpret_cast<uint32_t*>(ws.t2);
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    const int64_t ncp = RoundUpToTile(nc);
     const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
     const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
-    if (bf16) {
-      LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, k_pairs, kBlockK);
-      LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, v_pairs, kBlockK);
-    } else {
-      LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
-      LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
-    }
+    LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
     const Operand kb = View(a.key + k_off, g.k.seq, nc, d, true, ws.group_q, ws.dp);  // dQ's B
     float* dk = ws.acc1;
     float* dval = ws.acc2;
@@ -398,48 +413,14 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
-        const int64_t nr = std::min(kBlockQ, band.q_len - r0);
-        const int64_t row = band.q_start + r0;
-        if (r0 + kBlockQ < queries.end) {  // the next query block's rows
-          const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
-          Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
-          Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
-        }
-        const Operand q =
-            View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
-        const Operand dout =
-            View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
-        LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
-        if (bf16) {
-          ops.bf16_gemm(nr, nc, d / 2,
-                        reinterpret_cast<const uint16_t*>(a.query + Offset(g.q, b, row, n)),
-                        g.q.seq, k_pairs, kBlockK, ws.s, kBlockK);
-          ops.bf16_gemm(nr, nc, dv / 2,
-                        reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
-                        g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
-        } else {
-          ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
-          ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
-        }
-        AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-        MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-        if (dropout) {
-          KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
-          ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
-        }
-        ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta,
-                         false);
-        if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
-        const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-        const auto visible = [&](int64_t j, int64_t i) {
+        const bool full = KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc,
+                                       ops, ws, bf16, dk, dval);
+        const auto visible = [&](int64_t i, int64_t j) {
           return Visible(band, g.mask, b, n, r0 + i, c0 + j);
         };
-        MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
-                   visible, ws.finite);
-        MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
-                   ws.finite);
+        const int64_t nr = std::min(kBlockQ, band.q_len - r0);
         MaskedGemm(ops, nr, d, nc, ws.dprob, kBlockK, 1, kb.data, kb.ld, dq_head + r0 * ldq, ldq,
-                   full, [&](int64_t i, int64_t j) { return visible(j, i); }, ws.finite);
+                   full, visible, ws.finite);
       }
     }
     StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
