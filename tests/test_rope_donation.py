@@ -19,6 +19,9 @@ CASES = [  # layout, mode, dtype, D, r (r < D: the untouched tail is kept in pla
     ("TND", "quarter", "float32", 16, 8),
     ("SBND", "half", "bfloat16", 16, 16),
     ("BSND", "interleave", "float16", 8, 4),
+    # 16-bit rows rotated straight in storage, whole vectors of pairs (h >= 16)
+    ("BSND", "half", "bfloat16", 128, 128),
+    ("BNSD", "quarter", "float16", 128, 96),
 ]
 
 

@@ -204,13 +204,14 @@ def test_random_shapes(backend, case):
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("mode", oracle.MODES)
-def test_low_precision_bitwise_golden(backend, mode, dtype):
+@pytest.mark.parametrize("D,r", [(32, 16), (128, 128)])  # 128: the kernel's full-vector loops
+def test_low_precision_bitwise_golden(backend, mode, dtype, D, r):
     """Stricter than 1 ulp: with float16/bfloat16 inputs every product is exact in float32, so
     "all arithmetic in float32, one rounding at the end" has exactly one possible result: the
     spec's golden (float32 NumPy reference, then one cast), bit for bit."""
     for layout in ("BSND", "BNSD", "TND"):
-        inp = make_inputs(rng_for("bitwise", mode, dtype, layout), layout, dtype, B=3, S=7,
-                          Nq=4, Nk=2, D=32, r=16, cos_batch_one=True)
+        inp = make_inputs(rng_for("bitwise", mode, dtype, layout, D), layout, dtype, B=3, S=7,
+                          Nq=4, Nk=2, D=D, r=r, cos_batch_one=True)
         out = rope(inp, layout, mode)
         golden = oracle.apply_rotary_pos_emb(*args_of(inp), layout=layout, rotary_mode=mode,
                                              dtype=np.float32)

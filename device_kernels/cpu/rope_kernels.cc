@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -113,12 +114,52 @@ JAX_ROPE_INLINE void RotateHalfAdjointWithTables(
   }
 }
 
-struct Scratch {
-  explicit Scratch(int64_t head_dim, int64_t rotary_dim)
-      : x(head_dim), out(head_dim), c(rotary_dim), s(rotary_dim), x2(head_dim),
-        dcos(rotary_dim), dsin(rotary_dim) {}
-  std::vector<float> x, out, c, s, x2, dcos, dsin;
+// Row buffers, each 64-byte aligned: the 16-bit paths store a row here and
+// read it back at once, and a vector access split across cache lines would
+// defeat store-to-load forwarding.
+class Scratch {
+ public:
+  Scratch(int64_t head_dim, int64_t rotary_dim)
+      : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
+        data_(new (std::align_val_t{64}) float[5 * row_ + 4 * table_]()) {}
+  ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  float* x() { return data_; }
+  float* out() { return data_ + row_; }
+  float* x2() { return data_ + 2 * row_; }
+  float* c() { return data_ + 3 * row_; }
+  float* s() { return data_ + 3 * row_ + table_; }
+  float* dcos() { return data_ + 3 * row_ + 2 * table_; }
+  float* dsin() { return data_ + 3 * row_ + 3 * table_; }
+
+ private:
+  static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
+  int64_t row_, table_;
+  float* data_;
 };
+
+// The half rotation of a 16-bit row straight from and into storage, one
+// vector of pairs at a time (no float copy of the row): iteration i reads only
+// x[i], x[i + h] and writes only out[i], out[i + h], so out may be x itself
+// (ivdep: no run-time overlap check, which an in-place call would fail).
+// The same float32 arithmetic, in the same order, as RotateHalf.
+template <typename T>
+JAX_ROPE_INLINE void RotateHalfStored(const T* x, T* out, const float* __restrict__ c,
+                                      const float* __restrict__ s, int64_t h) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < h; ++i) {
+    const float x1 = ToFloat(x[i]);
+    const float x2 = ToFloat(x[i + h]);
+    out[i] = FromFloat<T>(x1 * c[i] - x2 * s[i]);
+    out[i + h] = FromFloat<T>(x2 * c[i + h] + x1 * s[i + h]);
+  }
+}
+
+// Whether rows of T rotate straight in storage (RotateHalfStored).
+template <typename T>
+constexpr bool kRotateStored = !std::is_same_v<T, float>;
 
 template <typename T>
 JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
@@ -128,8 +169,17 @@ JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, in
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    const float* x = LoadInputRow(x_row, out_row, r, scratch.x.data());
-    float* o = OutRow(out_row, scratch.out.data());
+    if (kRotateStored<T> && g.mode != RotaryMode::kInterleave) {
+      const int64_t h = g.mode == RotaryMode::kHalf ? r / 2 : r / 4;
+      RotateHalfStored(x_row, out_row, c, s, h);
+      if (g.mode == RotaryMode::kQuarter) {
+        RotateHalfStored(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, h);
+      }
+      if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
+      continue;
+    }
+    const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
+    float* o = OutRow(out_row, scratch.out());
     Rotate(g.mode, x, c, s, o, r);
     StoreRow(o, r, out_row);
     if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
@@ -145,11 +195,11 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    const float* gr = LoadInputRow(g_row, dx_row, r, scratch.x.data());
-    float* dx = OutRow(dx_row, scratch.out.data());
+    const float* gr = LoadInputRow(g_row, dx_row, r, scratch.x());
+    float* dx = OutRow(dx_row, scratch.out());
     if (input != nullptr) {
-      const float* x = LoadRow(input + n * head_stride, r, scratch.x2.data());
-      RotateHalfAdjointWithTables(gr, x, c, s, dx, scratch.dcos.data(), scratch.dsin.data(),
+      const float* x = LoadRow(input + n * head_stride, r, scratch.x2());
+      RotateHalfAdjointWithTables(gr, x, c, s, dx, scratch.dcos(), scratch.dsin(),
                                   r / 2);
     } else {
       RotateHalfAdjoint(gr, c, s, dx, r / 2);
@@ -169,8 +219,8 @@ JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
     const int64_t b = t / g.seq;
     const int64_t pos = t % g.seq;
     const int64_t cos_offset = (g.cos_batch == 1 ? 0 : b) * g.cos.batch + pos * g.cos.seq;
-    const float* c = LoadRow(a.cos + cos_offset, r, scratch.c.data());
-    const float* s = LoadRow(a.sin + cos_offset, r, scratch.s.data());
+    const float* c = LoadRow(a.cos + cos_offset, r, scratch.c());
+    const float* s = LoadRow(a.sin + cos_offset, r, scratch.s());
     const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
     const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
     ForwardHeads(g, a.query + q_offset, a.query_out + q_offset, g.q_heads, g.q.head, c, s,
@@ -190,10 +240,10 @@ JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardA
     const int64_t b = t / g.seq;
     const int64_t pos = t % g.seq;
     const int64_t cos_offset = (g.cos_batch == 1 ? 0 : b) * g.cos.batch + pos * g.cos.seq;
-    const float* c = LoadRow(a.cos + cos_offset, r, scratch.c.data());
-    const float* s = LoadRow(a.sin + cos_offset, r, scratch.s.data());
-    std::fill(scratch.dcos.begin(), scratch.dcos.end(), 0.0f);
-    std::fill(scratch.dsin.begin(), scratch.dsin.end(), 0.0f);
+    const float* c = LoadRow(a.cos + cos_offset, r, scratch.c());
+    const float* s = LoadRow(a.sin + cos_offset, r, scratch.s());
+    std::fill(scratch.dcos(), scratch.dcos() + r, 0.0f);
+    std::fill(scratch.dsin(), scratch.dsin() + r, 0.0f);
     const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
     const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
     BackwardHeads(g, a.grad_query + q_offset, with_inputs ? a.query + q_offset : nullptr,
@@ -202,13 +252,13 @@ JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardA
                   a.dkey + k_offset, g.k_heads, g.k.head, c, s, scratch);
     if (!with_inputs) continue;
     if (a.partial != nullptr) {  // cos broadcasts over the batch: pass 2 sums
-      std::copy(scratch.dcos.begin(), scratch.dcos.end(), a.partial + t * r);
-      std::copy(scratch.dsin.begin(), scratch.dsin.end(), a.partial + (g.tokens() + t) * r);
+      std::copy(scratch.dcos(), scratch.dcos() + r, a.partial + t * r);
+      std::copy(scratch.dsin(), scratch.dsin() + r, a.partial + (g.tokens() + t) * r);
       continue;
     }
     for (int64_t i = 0; i < r; ++i) {
-      a.dcos[cos_offset + i] = FromFloat<T>(scratch.dcos[i]);
-      a.dsin[cos_offset + i] = FromFloat<T>(scratch.dsin[i]);
+      a.dcos[cos_offset + i] = FromFloat<T>(scratch.dcos()[i]);
+      a.dsin[cos_offset + i] = FromFloat<T>(scratch.dsin()[i]);
     }
   }
 }
@@ -239,11 +289,11 @@ JAX_ROPE_INLINE void RopeReduceTablesImpl(const RopeGeometry& g, const RopeBackw
 // load time (GCC function multi-versioning): the 16-bit conversions vectorise
 // about twice as wide with AVX2, and wheels cannot assume it.
 #define JAX_ROPE_DEFINE(T, NAME)                                                         \
-  __attribute__((target_clones("avx2", "default"))) void RopeForward##NAME(              \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void RopeForward##NAME(              \
       const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t begin, int64_t end) {  \
     RopeForwardImpl(g, a, begin, end);                                                   \
   }                                                                                      \
-  __attribute__((target_clones("avx2", "default"))) void RopeBackward##NAME(             \
+  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void RopeBackward##NAME(             \
       const RopeGeometry& g, const RopeBackwardArgs<T>& a, int64_t begin, int64_t end) { \
     RopeBackwardImpl(g, a, begin, end);                                                  \
   }                                                                                      \
