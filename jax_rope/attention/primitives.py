@@ -140,7 +140,7 @@ def _batch_rule(name, num_tensors, stats_slots):
 
 # --- kernels --------------------------------------------------------------------
 
-#: Kernel codes of the bias kinds (xla_ffi/attention_handlers.cc).
+#: Kernel codes of the bias kinds (xla_ffi/attention_decode.cc: DecodeBias).
 BIAS_KINDS = {None: 0, "tensor": 1, "compressed": 2, "packed": 3, "alibi": 4, "alibi_sqrt": 5}
 DROPOUT_MODES = {None: 0, "key": 1, "mask": 2}
 # What the handlers get for an absent optional operand.
