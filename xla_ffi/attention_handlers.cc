@@ -41,12 +41,34 @@ void Fill(T* data, size_t count, T value) {
   std::fill(data, data + count, value);
 }
 
+// Floating-point operations of a pass that does `per_pair` of them for every
+// (query row, key column, query head) of every sequence: an upper bound (the
+// whole rectangle, masked or not), enough to size the pass's chunks.
+double PairWork(const Decoded& d, double per_pair) {
+  double pairs = 0.0;
+  for (int64_t b = 0; b < d.geometry.batch; ++b) {
+    pairs += double(std::max(d.seqs[b].q_len, 0)) * double(std::max(d.seqs[b].kv_len, 0));
+  }
+  return pairs * double(d.geometry.q_heads) * per_pair;
+}
+
+// Items per chunk for n items doing `work` flops in all: each chunk sets up a
+// kernel workspace (zeroed) and may wake a thread, which a small call would
+// otherwise spend more time on than on its tiles (32 chunks of a few
+// microseconds each); chunks of at least kChunkWork flops, and ParallelFor's
+// threads x 16 chunks at most for large calls.
+int64_t GrainFor(int64_t n, double work) {
+  constexpr double kChunkWork = 4e6;  // about 40 microseconds of tile products on one core
+  const double chunks = std::clamp(work / kChunkWork, 1.0, double(std::max<int64_t>(n, 1)));
+  return (n + int64_t(chunks) - 1) / int64_t(chunks);
+}
+
 // ParallelFor for kernels that allocate their scratch: an allocation failure in
 // any chunk becomes an FFI error instead of terminating the process.
 template <typename Fn>
-ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, const Fn& fn) {
+ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, double work, const Fn& fn) {
   std::atomic<bool> failed{false};
-  ParallelFor(pool, n, 1, [&](int64_t begin, int64_t end) {
+  ParallelFor(pool, n, GrainFor(n, work), [&](int64_t begin, int64_t end) {
     try {
       fn(begin, end);
     } catch (const std::bad_alloc&) {
@@ -122,8 +144,10 @@ ffi::Error AttentionForwardImpl(
       Fill(args.softmax_sum, softmax_sum->element_count(), cpu::kDeadRowSum);
     }
     const cpu::SplitForwardPlan split = cpu::PlanSplitForward(g, d.seqs);
+    const double forward_work = PairWork(d, 2.0 * (g.head_dim + g.value_dim));
     if (split.groups == 0) {
-      status = GuardedParallelFor(pool, cpu::AttentionForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, cpu::AttentionForwardWorkItems(g, d.seqs), forward_work,
+                                  [&](int64_t b, int64_t e) {
         cpu::AttentionForward(g, d.seqs, args, b, e);
       });
       return;
@@ -137,11 +161,12 @@ ffi::Error AttentionForwardImpl(
                           "jax_rope attention: out of memory for kernel scratch");
       return;
     }
-    status = GuardedParallelFor(pool, split.items, [&](int64_t b, int64_t e) {
+    status = GuardedParallelFor(pool, split.items, forward_work, [&](int64_t b, int64_t e) {
       cpu::AttentionForwardSplit(g, d.seqs, args, scratch.data(), b, e);
     });
     if (status.success()) {
-      status = GuardedParallelFor(pool, split.groups, [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, split.groups, double(split.scratch),
+                                  [&](int64_t b, int64_t e) {
         cpu::AttentionForwardMerge(g, d.seqs, args, scratch.data(), b, e);
       });
     }
@@ -174,7 +199,8 @@ ffi::Error AttentionScoresImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::
   ffi::Error status = ffi::Error::Success();
   ffi::Error dispatched = DispatchFloat("attention scores", query.element_type(), [&](auto tag) {
     using T = decltype(tag);
-    status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+    status = GuardedParallelFor(pool, cpu::ForwardWorkItems(g, d.seqs),
+                                PairWork(d, 2.0 * g.head_dim), [&](int64_t b, int64_t e) {
       cpu::AttentionScores(g, d.seqs, Data<T>(query), Data<T>(key), data, strides, b, e);
     });
   });
@@ -234,22 +260,28 @@ ffi::Error AttentionBackwardImpl(
     std::vector<float> row_delta(softmax_max.element_count(), 0.0f);
     float* delta = row_delta.data();
     const int64_t query_items = cpu::ForwardWorkItems(g, d.seqs);
-    status = GuardedParallelFor(pool, query_items, [&](int64_t b, int64_t e) {
+    // Per pass of the backward: the score, dP and one or two gradient products.
+    const double pass_work = PairWork(d, 2.0 * (2 * g.head_dim + g.value_dim));
+    status = GuardedParallelFor(pool, query_items,
+                                2.0 * double(softmax_max.element_count()) * g.value_dim,
+                                [&](int64_t b, int64_t e) {
       cpu::AttentionRowDelta(g, d.seqs, args, delta, b, e);
     });
     if (status.success() && UseFusedBackward(g, d.seqs, pool.num_threads())) {
-      status = GuardedParallelFor(pool, cpu::FusedBackwardWorkItems(g), [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, cpu::FusedBackwardWorkItems(g), pass_work,
+                                  [&](int64_t b, int64_t e) {
         cpu::AttentionBackwardFused(g, d.seqs, args, delta, b, e);
       });
       return;
     }
     if (status.success()) {
-      status = GuardedParallelFor(pool, cpu::KeyBlockWorkItems(g, d.seqs), [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, cpu::KeyBlockWorkItems(g, d.seqs), pass_work,
+                                  [&](int64_t b, int64_t e) {
         cpu::AttentionBackwardKeyValue(g, d.seqs, args, delta, b, e);
       });
     }
     if (status.success()) {
-      status = GuardedParallelFor(pool, query_items, [&](int64_t b, int64_t e) {
+      status = GuardedParallelFor(pool, query_items, pass_work, [&](int64_t b, int64_t e) {
         cpu::AttentionBackwardQuery(g, d.seqs, args, delta, b, e);
       });
     }

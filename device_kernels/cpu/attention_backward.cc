@@ -277,8 +277,10 @@ template <typename T>
 void AttentionRowDelta(const AttentionGeometry& g, const SequenceBand* seqs,
                        const AttentionBackwardArgs<T>& a, float* row_delta, int64_t begin,
                        int64_t end) {
-  ForEachItem(g, seqs, false, begin, end, [&](const WorkItems::Item& it, const TileOps&,
-                                              Workspace&) {
+  // A row's dot product needs no tiles: the items without a workspace.
+  const WorkItems items(g, seqs, false, kBlockQ);
+  for (int64_t t = std::max<int64_t>(begin, 0); t < std::min(end, items.size()); ++t) {
+    const WorkItems::Item it = items[t];
     const Band band(seqs[it.seq]);
     const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
     for (int64_t row = band.q_start + r0; row < band.q_start + r0 + nr; ++row) {
@@ -289,7 +291,7 @@ void AttentionRowDelta(const AttentionGeometry& g, const SequenceBand* seqs,
       }
       row_delta[Offset(g.stats, it.seq, row, it.head)] = sum;
     }
-  });
+  }
 }
 
 template <typename T>
