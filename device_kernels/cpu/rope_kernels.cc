@@ -69,7 +69,7 @@ JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* 
   for (int64_t i = 0; i < r; i += 2) {
     const float even = x[i];
     const float odd = x[i + 1];
-    out[i] = even * c[i] - odd * s[i];
+    out[i] = even * c[i] + (-odd) * s[i];  // = even * c - odd * s exactly (see below)
     out[i + 1] = odd * c[i + 1] + even * s[i + 1];
   }
 }
@@ -285,16 +285,22 @@ JAX_ROPE_INLINE void RopeReduceTablesImpl(const RopeGeometry& g, const RopeBackw
   }
 }
 
-// Each entry point is compiled for AVX2 and for baseline x86-64 and picked at
-// load time (GCC function multi-versioning): the 16-bit conversions vectorise
-// about twice as wide with AVX2, and wheels cannot assume it.
+// Each entry point is compiled for AVX-512 (x86-64-v4), AVX2 and baseline
+// x86-64 and picked at load time (GCC function multi-versioning): the 16-bit
+// conversions vectorise two and four times as wide, and wheels cannot assume
+// either. Results must be the spec's golden bit for bit on every clone, so no
+// product may be fused into an add: -ffp-contract=off for this file, and the
+// interleave rotation is written as a sum of products, since GCC's vectoriser
+// turns the product difference/sum pairs into vfmaddsub whatever the flag.
+#define JAX_ROPE_CLONED __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #define JAX_ROPE_DEFINE(T, NAME)                                                         \
-  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void RopeForward##NAME(              \
-      const RopeGeometry& g, const RopeForwardArgs<T>& a, int64_t begin, int64_t end) {  \
+  JAX_ROPE_CLONED void RopeForward##NAME(const RopeGeometry& g, const RopeForwardArgs<T>& a, \
+                                         int64_t begin, int64_t end) {                   \
     RopeForwardImpl(g, a, begin, end);                                                   \
   }                                                                                      \
-  __attribute__((target_clones("arch=x86-64-v4", "avx2", "default"))) void RopeBackward##NAME(             \
-      const RopeGeometry& g, const RopeBackwardArgs<T>& a, int64_t begin, int64_t end) { \
+  JAX_ROPE_CLONED void RopeBackward##NAME(const RopeGeometry& g,                         \
+                                          const RopeBackwardArgs<T>& a, int64_t begin,   \
+                                          int64_t end) {                                 \
     RopeBackwardImpl(g, a, begin, end);                                                  \
   }                                                                                      \
   void RopeReduceTables##NAME(const RopeGeometry& g, const RopeBackwardArgs<T>& a,        \
@@ -305,6 +311,7 @@ JAX_ROPE_DEFINE(float, F32)
 JAX_ROPE_DEFINE(BFloat16, BF16)
 JAX_ROPE_DEFINE(Float16, F16)
 #undef JAX_ROPE_DEFINE
+#undef JAX_ROPE_CLONED
 #undef JAX_ROPE_INLINE
 
 }  // namespace
