@@ -15,6 +15,7 @@
 //       single-tensor RotaryPositionEmbeddingGrad (rope_grad.cc, A2/A3);
 //   90: split install, also ApplyRotaryPosEmbGrad (Ascend 950 only), and
 //       the tiling accepts partial rotary (cos D < query D).
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -262,6 +263,59 @@ aclnnStatus PlanAttentionCall(jax_rope_sim::AttentionArgs& args, const aclTensor
   return 0;
 }
 
+// The operands and attributes every FlashAttention entry point shares, in the
+// operators' order. arrays: prefix, actualSeqQLen, actualSeqKvLen, qStartIdx,
+// kvStartIdx (null where an entry point has none).
+struct AttentionCommon {
+  double scale, keep;
+  int64_t pre, next, heads;
+  char* layout;
+  int64_t inner, sparse;
+};
+
+aclnnStatus PlanForward(jax_rope_sim::AttentionArgs a, const aclTensor* q, const aclTensor* k,
+                        const aclTensor* v, const aclTensor* pse, const aclTensor* drop,
+                        const aclTensor* pad, const aclTensor* mask,
+                        std::array<const aclIntArray*, 5> arrays, const AttentionCommon& c,
+                        const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout,
+                        const aclTensor* out, uint64_t* workspace, aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sout), a.attention = T(out);
+  a.scale = c.scale, a.keep_prob = c.keep, a.pre_tokens = c.pre, a.next_tokens = c.next;
+  a.head_num = c.heads, a.layout = c.layout, a.inner_precise = c.inner, a.sparse_mode = c.sparse;
+  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
+  return PlanAttentionCall(a, ts, 11, arrays.data(), workspace, executor);
+}
+
+aclnnStatus PlanBackward(jax_rope_sim::AttentionArgs a, const aclTensor* q, const aclTensor* k,
+                         const aclTensor* v, const aclTensor* dy, const aclTensor* pse,
+                         const aclTensor* drop, const aclTensor* pad, const aclTensor* mask,
+                         const aclTensor* smax, const aclTensor* ssum, const aclTensor* sin,
+                         const aclTensor* attn, std::array<const aclIntArray*, 5> arrays,
+                         const AttentionCommon& c, const aclTensor* dq, const aclTensor* dk,
+                         const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace,
+                         aclOpExecutor** executor) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  a.backward = true;
+  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
+  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
+  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
+  a.scale = c.scale, a.keep_prob = c.keep, a.pre_tokens = c.pre, a.next_tokens = c.next;
+  a.head_num = c.heads, a.layout = c.layout, a.inner_precise = c.inner, a.sparse_mode = c.sparse;
+  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
+  return PlanAttentionCall(a, ts, 16, arrays.data(), workspace, executor);
+}
+
+// Which entry point: its name, varlen (actualSeq*Len) and V2 (pseType, q/kvStartIdx).
+jax_rope_sim::AttentionArgs Entry(const char* op, bool varlen, bool v2, int64_t pse_type = 1) {
+  jax_rope_sim::AttentionArgs a;
+  a.op = op;
+  a.varlen = varlen, a.v2 = v2, a.pse_type = pse_type;
+  return a;
+}
+
 }  // namespace
 
 extern "C" {
@@ -344,17 +398,11 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGetWorkspaceSize(
     double scale, double keep, int64_t pre, int64_t next, int64_t heads, char* layout,
     int64_t inner, int64_t sparse, const aclTensor* smax, const aclTensor* ssum,
     const aclTensor* sout, const aclTensor* out, uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionScore";
-  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sout), a.attention = T(out);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, nullptr, nullptr};
-  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+  return PlanForward(
+      Entry("aclnnFlashAttentionScore", false, false), q, k, v, pse, drop, pad, mask,
+      {prefix, nullptr, nullptr, nullptr, nullptr},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, smax, ssum, sout, out, workspace,
+      executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionScore");
@@ -367,18 +415,11 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreGetWorkspaceSize(
     int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse,
     const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
     uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionVarLenScore";
-  a.varlen = true;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sout), a.attention = T(out);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, nullptr, nullptr};
-  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+  return PlanForward(
+      Entry("aclnnFlashAttentionVarLenScore", true, false), q, k, v, pse, drop, pad, mask,
+      {prefix, seq_q, seq_kv, nullptr, nullptr},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, smax, ssum, sout, out, workspace,
+      executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScore(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionVarLenScore");
@@ -392,18 +433,10 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradGetWorkspaceSize(
     int64_t heads, char* layout, int64_t inner, int64_t sparse, const aclTensor* dq,
     const aclTensor* dk, const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace,
     aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionScoreGrad";
-  a.backward = true;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, nullptr, nullptr};
-  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+  return PlanBackward(
+      Entry("aclnnFlashAttentionScoreGrad", false, false), q, k, v, dy, pse, drop, pad, mask, smax,
+      ssum, sin, attn, {prefix, nullptr, nullptr, nullptr, nullptr},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, dq, dk, dv, dpse, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionScoreGrad");
@@ -417,18 +450,10 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradGetWorkspac
     double keep, int64_t pre, int64_t next, int64_t heads, char* layout, int64_t inner,
     int64_t sparse, const aclTensor* dq, const aclTensor* dk, const aclTensor* dv,
     const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionUnpaddingScoreGrad";
-  a.varlen = a.backward = true;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, nullptr, nullptr};
-  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+  return PlanBackward(
+      Entry("aclnnFlashAttentionUnpaddingScoreGrad", true, false), q, k, v, dy, pse, drop, pad,
+      mask, smax, ssum, sin, attn, {prefix, seq_q, seq_kv, nullptr, nullptr},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, dq, dk, dv, dpse, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGrad(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionUnpaddingScoreGrad");
@@ -443,18 +468,11 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreV2GetWorkspaceSize(
     int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse, int64_t pse_type,
     const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
     uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionScoreV2";
-  a.v2 = true, a.pse_type = pse_type;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sout), a.attention = T(out);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, q_start, kv_start};
-  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+  return PlanForward(
+      Entry("aclnnFlashAttentionScoreV2", false, true, pse_type), q, k, v, pse, drop, pad, mask,
+      {prefix, nullptr, nullptr, q_start, kv_start},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, smax, ssum, sout, out, workspace,
+      executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionScoreV2");
@@ -468,18 +486,11 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreV2GetWorkspaceSize
     int64_t heads, char* layout, int64_t inner, int64_t sparse, int64_t pse_type,
     const aclTensor* smax, const aclTensor* ssum, const aclTensor* sout, const aclTensor* out,
     uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionVarLenScoreV2";
-  a.varlen = true, a.v2 = true, a.pse_type = pse_type;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sout), a.attention = T(out);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, pse, drop, pad, mask, smax, ssum, sout, out};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, q_start, kv_start};
-  return PlanAttentionCall(a, ts, 11, arrays, workspace, executor);
+  return PlanForward(
+      Entry("aclnnFlashAttentionVarLenScoreV2", true, true, pse_type), q, k, v, pse, drop, pad,
+      mask, {prefix, seq_q, seq_kv, q_start, kv_start},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, smax, ssum, sout, out, workspace,
+      executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionVarLenScoreV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionVarLenScoreV2");
@@ -493,18 +504,10 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradV2GetWorkspaceSize(
     double scale, double keep, int64_t pre, int64_t next, int64_t heads, char* layout,
     int64_t inner, int64_t sparse, int64_t pse_type, const aclTensor* dq, const aclTensor* dk,
     const aclTensor* dv, const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionScoreGradV2";
-  a.backward = true, a.v2 = true, a.pse_type = pse_type;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, nullptr, nullptr, q_start, kv_start};
-  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+  return PlanBackward(
+      Entry("aclnnFlashAttentionScoreGradV2", false, true, pse_type), q, k, v, dy, pse, drop, pad,
+      mask, smax, ssum, sin, attn, {prefix, nullptr, nullptr, q_start, kv_start},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, dq, dk, dv, dpse, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionScoreGradV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionScoreGradV2");
@@ -519,19 +522,10 @@ JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV2GetWorksp
     int64_t pre, int64_t next, int64_t heads, char* layout, int64_t inner, int64_t sparse,
     int64_t pse_type, const aclTensor* dq, const aclTensor* dk, const aclTensor* dv,
     const aclTensor* dpse, uint64_t* workspace, aclOpExecutor** executor) {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  jax_rope_sim::AttentionArgs a;
-  a.op = "aclnnFlashAttentionUnpaddingScoreGradV2";
-  a.varlen = a.backward = a.v2 = true;
-  a.pse_type = pse_type;
-  a.query = T(q), a.key = T(k), a.value = T(v), a.dy = T(dy), a.pse = T(pse), a.drop_mask = T(drop);
-  a.padding_mask = T(pad), a.atten_mask = T(mask), a.softmax_max = T(smax), a.softmax_sum = T(ssum);
-  a.softmax_io = T(sin), a.attention = T(attn), a.dq = T(dq), a.dk = T(dk), a.dv = T(dv), a.dpse = T(dpse);
-  a.scale = scale, a.keep_prob = keep, a.pre_tokens = pre, a.next_tokens = next, a.head_num = heads;
-  a.layout = layout, a.inner_precise = inner, a.sparse_mode = sparse;
-  const aclTensor* ts[] = {q, k, v, dy, pse, drop, pad, mask, smax, ssum, sin, attn, dq, dk, dv, dpse};
-  const aclIntArray* arrays[] = {prefix, seq_q, seq_kv, q_start, kv_start};
-  return PlanAttentionCall(a, ts, 16, arrays, workspace, executor);
+  return PlanBackward(
+      Entry("aclnnFlashAttentionUnpaddingScoreGradV2", true, true, pse_type), q, k, v, dy, pse,
+      drop, pad, mask, smax, ssum, sin, attn, {prefix, seq_q, seq_kv, q_start, kv_start},
+      {scale, keep, pre, next, heads, layout, inner, sparse}, dq, dk, dv, dpse, workspace, executor);
 }
 JAX_ROPE_SIM_EXPORT aclnnStatus aclnnFlashAttentionUnpaddingScoreGradV2(void* w, uint64_t n, aclOpExecutor* e, aclrtStream) {
   return Run(w, n, e, "aclnnFlashAttentionUnpaddingScoreGradV2");
