@@ -9,6 +9,8 @@ and reports achieved GFLOP/s as a fraction of the FMA peak (or, for decode, GB/s
 read against the copy bandwidth), both measured in the same run (benchmarks/machine.py).
 Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi and
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
+Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
+the FMA peak, the largest ratio any implementation could show against torch on this machine.
 
 FLOPs count only visible (query, key) pairs: forward 4 * D * pairs per head; forward +
 backward 3.5x that (the backward is 2.5 forwards: FlashAttention's convention).
@@ -230,6 +232,13 @@ def report_row(row, results, limits):
             ratios[name] = value / ours
             line += f"  ratio {ratios[name]:6.2f}x"
         print(line)
+    torch_ms = results.get("torch")
+    if not row.memory_bound and isinstance(torch_ms, float):
+        # The most any implementation could reach against torch here: all of the
+        # counted FLOPs at the FMA peak (fp32 peak also for bfloat16 rows).
+        ceiling = torch_ms / (row.flops / limits["fma_gflops"] / 1e6)
+        print(f"  ceiling    {ceiling:.2f}x torch at the FMA peak (a ratio r needs "
+              f"r x {1 / ceiling:.2f} of peak)")
     return ratios
 
 
