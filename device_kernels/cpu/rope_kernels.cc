@@ -13,8 +13,8 @@ namespace {
 // (a call out of a clone would run baseline code).
 #define JAX_ROPE_INLINE [[gnu::always_inline]] inline
 
-// Rows of 16-bit types are widened into this scratch once; float rows are
-// used in place, so the float32 path never copies.
+// Rows for the interleaved rotation and the cos/sin rows: 16-bit types are
+// widened into scratch once; float rows are used in place.
 template <typename T>
 JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
@@ -26,8 +26,8 @@ JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
 }
 
 // The input row of a call whose output row may be the same memory (in place,
-// when XLA aliases the output to the input): the rotations read x after writing
-// out, so an aliased float row is copied to scratch first (one row, in L1).
+// when XLA aliases the output to the input): RotateInterleave takes restrict
+// pointers, so an aliased float row is copied to scratch first (one row, in L1).
 template <typename T>
 JAX_ROPE_INLINE const float* LoadInputRow(const T* src, const T* dst, int64_t n,
                                           float* scratch) {
@@ -56,98 +56,17 @@ JAX_ROPE_INLINE void StoreRow(const float* src, int64_t n, T* dst) {
   }
 }
 
-// out = x * c + rot(x) * s over one rotary block of width 2h, half pairing.
-JAX_ROPE_INLINE void RotateHalf(const float* __restrict__ x, const float* __restrict__ c,
-                       const float* __restrict__ s, float* __restrict__ out, int64_t h) {
-  for (int64_t i = 0; i < h; ++i) out[i] = x[i] * c[i] - x[i + h] * s[i];
-  for (int64_t i = h; i < 2 * h; ++i) out[i] = x[i] * c[i] + x[i - h] * s[i];
-}
+// The half-paired rotations work on rows straight in storage (T: float32 or a
+// 16-bit type, float32 arithmetic, one rounding at the store), one vector of
+// pairs at a time: iteration i reads only elements i and i + h of its inputs
+// and writes only elements i and i + h of its output, so the output row may be
+// the input row itself (in place; ivdep: no run-time overlap check, which an
+// in-place call would fail and fall back to scalar code).
 
-JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
-                             const float* __restrict__ s, float* __restrict__ out,
-                             int64_t r) {
-  for (int64_t i = 0; i < r; i += 2) {
-    const float even = x[i];
-    const float odd = x[i + 1];
-    out[i] = even * c[i] + (-odd) * s[i];  // = even * c - odd * s exactly (see below)
-    out[i + 1] = odd * c[i + 1] + even * s[i + 1];
-  }
-}
-
-JAX_ROPE_INLINE void Rotate(RotaryMode mode, const float* x, const float* c, const float* s,
-                   float* out, int64_t r) {
-  switch (mode) {
-    case RotaryMode::kHalf:
-      RotateHalf(x, c, s, out, r / 2);
-      break;
-    case RotaryMode::kQuarter:  // two independent half rotations
-      RotateHalf(x, c, s, out, r / 4);
-      RotateHalf(x + r / 2, c + r / 2, s + r / 2, out + r / 2, r / 4);
-      break;
-    case RotaryMode::kInterleave:
-      RotateInterleave(x, c, s, out, r);
-      break;
-  }
-}
-
-// Adjoint of the half rotation: dx = c * g + rot^T(s * g).
-JAX_ROPE_INLINE void RotateHalfAdjoint(const float* __restrict__ g, const float* __restrict__ c,
-                                       const float* __restrict__ s, float* __restrict__ dx,
-                                       int64_t h) {
-  for (int64_t i = 0; i < h; ++i) dx[i] = c[i] * g[i] + s[i + h] * g[i + h];
-  for (int64_t i = h; i < 2 * h; ++i) dx[i] = c[i] * g[i] - s[i - h] * g[i - h];
-}
-
-// The adjoint and this row's dcos/dsin contributions in one pass.
-JAX_ROPE_INLINE void RotateHalfAdjointWithTables(
-    const float* __restrict__ g, const float* __restrict__ x, const float* __restrict__ c,
-    const float* __restrict__ s, float* __restrict__ dx, float* __restrict__ dcos,
-    float* __restrict__ dsin, int64_t h) {
-  for (int64_t i = 0; i < h; ++i) {
-    const float g1 = g[i], g2 = g[i + h], x1 = x[i], x2 = x[i + h];
-    dx[i] = c[i] * g1 + s[i + h] * g2;
-    dx[i + h] = c[i + h] * g2 - s[i] * g1;
-    dcos[i] += g1 * x1;
-    dcos[i + h] += g2 * x2;
-    dsin[i] -= g1 * x2;
-    dsin[i + h] += g2 * x1;
-  }
-}
-
-// Row buffers, each 64-byte aligned: the 16-bit paths store a row here and
-// read it back at once, and a vector access split across cache lines would
-// defeat store-to-load forwarding.
-class Scratch {
- public:
-  Scratch(int64_t head_dim, int64_t rotary_dim)
-      : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
-        data_(new (std::align_val_t{64}) float[5 * row_ + 4 * table_]()) {}
-  ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-
-  float* x() { return data_; }
-  float* out() { return data_ + row_; }
-  float* x2() { return data_ + 2 * row_; }
-  float* c() { return data_ + 3 * row_; }
-  float* s() { return data_ + 3 * row_ + table_; }
-  float* dcos() { return data_ + 3 * row_ + 2 * table_; }
-  float* dsin() { return data_ + 3 * row_ + 3 * table_; }
-
- private:
-  static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
-  int64_t row_, table_;
-  float* data_;
-};
-
-// The half rotation of a 16-bit row straight from and into storage, one
-// vector of pairs at a time (no float copy of the row): iteration i reads only
-// x[i], x[i + h] and writes only out[i], out[i + h], so out may be x itself
-// (ivdep: no run-time overlap check, which an in-place call would fail).
-// The same float32 arithmetic, in the same order, as RotateHalf.
+// out = x * c + rot(x) * s over one rotary block of width 2h.
 template <typename T>
-JAX_ROPE_INLINE void RotateHalfStored(const T* x, T* out, const float* __restrict__ c,
-                                      const float* __restrict__ s, int64_t h) {
+JAX_ROPE_INLINE void RotateHalf(const T* x, T* out, const float* __restrict__ c,
+                                const float* __restrict__ s, int64_t h) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < h; ++i) {
     const float x1 = ToFloat(x[i]);
@@ -157,31 +76,102 @@ JAX_ROPE_INLINE void RotateHalfStored(const T* x, T* out, const float* __restric
   }
 }
 
-// Whether rows of T rotate straight in storage (RotateHalfStored).
+// Its adjoint: dx = c * g + rot^T(s * g).
 template <typename T>
-constexpr bool kRotateStored = !std::is_same_v<T, float>;
+JAX_ROPE_INLINE void RotateHalfAdjoint(const T* g, T* dx, const float* __restrict__ c,
+                                       const float* __restrict__ s, int64_t h) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < h; ++i) {
+    const float g1 = ToFloat(g[i]);
+    const float g2 = ToFloat(g[i + h]);
+    dx[i] = FromFloat<T>(c[i] * g1 + s[i + h] * g2);
+    dx[i + h] = FromFloat<T>(c[i + h] * g2 - s[i] * g1);
+  }
+}
+
+// The adjoint and this row's dcos/dsin contributions (float32, summed over
+// heads by the caller) in one pass; x is the forward's input row.
+template <typename T>
+JAX_ROPE_INLINE void RotateHalfAdjointWithTables(const T* g, const T* x, T* dx,
+                                                 const float* __restrict__ c,
+                                                 const float* __restrict__ s,
+                                                 float* __restrict__ dcos,
+                                                 float* __restrict__ dsin, int64_t h) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < h; ++i) {
+    const float g1 = ToFloat(g[i]), g2 = ToFloat(g[i + h]);
+    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
+    dx[i] = FromFloat<T>(c[i] * g1 + s[i + h] * g2);
+    dx[i + h] = FromFloat<T>(c[i + h] * g2 - s[i] * g1);
+    dcos[i] += g1 * x1;
+    dcos[i + h] += g2 * x2;
+    dsin[i] -= g1 * x2;
+    dsin[i + h] += g2 * x1;
+  }
+}
+
+// The interleaved rotation, on float rows (16-bit rows go through scratch).
+JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
+                                      const float* __restrict__ s, float* __restrict__ out,
+                                      int64_t r) {
+  for (int64_t i = 0; i < r; i += 2) {
+    const float even = x[i];
+    const float odd = x[i + 1];
+    out[i] = even * c[i] + (-odd) * s[i];  // = even * c - odd * s exactly (see below)
+    out[i + 1] = odd * c[i + 1] + even * s[i + 1];
+  }
+}
+
+// Row buffers, each 64-byte aligned: the 16-bit interleaved path stores a row
+// here and reads it back at once, and a vector access split across cache lines
+// would defeat store-to-load forwarding.
+class Scratch {
+ public:
+  Scratch(int64_t head_dim, int64_t rotary_dim)
+      : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
+        data_(new (std::align_val_t{64}) float[2 * row_ + 4 * table_]()) {}
+  ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  float* x() { return data_; }
+  float* out() { return data_ + row_; }
+  float* c() { return data_ + 2 * row_; }
+  float* s() { return data_ + 2 * row_ + table_; }
+  float* dcos() { return data_ + 2 * row_ + 2 * table_; }
+  float* dsin() { return data_ + 2 * row_ + 3 * table_; }
+
+ private:
+  static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
+  int64_t row_, table_;
+  float* data_;
+};
 
 template <typename T>
 JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
-                  int64_t head_stride, const float* c, const float* s, Scratch& scratch) {
+                                  int64_t head_stride, const float* c, const float* s,
+                                  Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    if (kRotateStored<T> && g.mode != RotaryMode::kInterleave) {
-      const int64_t h = g.mode == RotaryMode::kHalf ? r / 2 : r / 4;
-      RotateHalfStored(x_row, out_row, c, s, h);
-      if (g.mode == RotaryMode::kQuarter) {
-        RotateHalfStored(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, h);
+    switch (g.mode) {
+      case RotaryMode::kHalf:
+        RotateHalf(x_row, out_row, c, s, r / 2);
+        break;
+      case RotaryMode::kQuarter:  // two independent half rotations
+        RotateHalf(x_row, out_row, c, s, r / 4);
+        RotateHalf(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
+        break;
+      case RotaryMode::kInterleave: {
+        const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
+        float* o = OutRow(out_row, scratch.out());
+        RotateInterleave(x, c, s, o, r);
+        StoreRow(o, r, out_row);
+        break;
       }
-      if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
-      continue;
     }
-    const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
-    float* o = OutRow(out_row, scratch.out());
-    Rotate(g.mode, x, c, s, o, r);
-    StoreRow(o, r, out_row);
     if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
   }
 }
@@ -195,16 +185,12 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    const float* gr = LoadInputRow(g_row, dx_row, r, scratch.x());
-    float* dx = OutRow(dx_row, scratch.out());
     if (input != nullptr) {
-      const float* x = LoadRow(input + n * head_stride, r, scratch.x2());
-      RotateHalfAdjointWithTables(gr, x, c, s, dx, scratch.dcos(), scratch.dsin(),
-                                  r / 2);
+      RotateHalfAdjointWithTables(g_row, input + n * head_stride, dx_row, c, s, scratch.dcos(),
+                                  scratch.dsin(), r / 2);
     } else {
-      RotateHalfAdjoint(gr, c, s, dx, r / 2);
+      RotateHalfAdjoint(g_row, dx_row, c, s, r / 2);
     }
-    StoreRow(dx, r, dx_row);
     if (r < d && dx_row != g_row) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
   }
 }
