@@ -18,31 +18,7 @@
 namespace jax_rope::cpu {
 namespace {
 
-using attention::AddBias;
-using attention::ApplyKeep;
-using attention::Band;
-using attention::KeepTile;
-using attention::ScoreScale;
-using attention::LoadPairsTransposed;
-using attention::LoadTransposed;
-using attention::MaskedGemm;
-using attention::MaskTile;
-using attention::Offset;
-using attention::Operand;
-using attention::Prefetch;
-using attention::StoreRows;
-using attention::View;
-using attention::Visible;
-using attention::WorkItems;
-using attention::Workspace;
-
-using attention::Bf16Products;
-using attention::ForEachItem;
-using attention::kBlockK;
-using attention::kBlockMax;
-using attention::kBlockQ;
-using attention::kNegInf;
-using attention::PrefetchKeyBlock;
+using namespace attention;
 
 // Saved statistics of rows [r0, r0 + nr) as exp shift, 1 / sum and row delta;
 // rows without a visible key (or unusable statistics) get p = 0. Zero padded
@@ -153,7 +129,7 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   float* dval = ws.acc2;
   std::fill(dk, dk + nc * ws.dp, 0.0f);
   std::fill(dval, dval + nc * ws.dvp, 0.0f);
-  const attention::BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
+  const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
       KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16, dk,
@@ -188,7 +164,7 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   float* dq = ws.acc1;
   std::fill(dq, dq + nr * ws.dp, 0.0f);
-  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+  const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
@@ -245,7 +221,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     float* dval = ws.acc2;
     std::fill(dk, dk + nc * ws.dp, 0.0f);
     std::fill(dval, dval + nc * ws.dvp, 0.0f);
-    const attention::BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
+    const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
@@ -315,7 +291,7 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
 }
 
 int64_t FusedBackwardWorkItems(const AttentionGeometry& g) {
-  return attention::ValidGeometry(g) ? g.batch * g.kv_heads : 0;
+  return ValidGeometry(g) ? g.batch * g.kv_heads : 0;
 }
 
 template <typename T>

@@ -31,31 +31,8 @@
 
 namespace jax_rope::cpu {
 namespace {
-using attention::AddBias;
-using attention::ApplyKeep;
-using attention::Band;
-using attention::KeepTile;
-using attention::ScoreScale;
-using attention::LoadPairsTransposed;
-using attention::LoadTransposed;
-using attention::MaskedGemm;
-using attention::MaskTile;
-using attention::Offset;
-using attention::Operand;
-using attention::Prefetch;
-using attention::StoreRows;
-using attention::View;
-using attention::Visible;
-using attention::WorkItems;
-using attention::Workspace;
 
-using attention::Bf16Products;
-using attention::ForEachItem;
-using attention::kBlockK;
-using attention::kBlockMax;
-using attention::kBlockQ;
-using attention::kNegInf;
-using attention::PrefetchKeyBlock;
+using namespace attention;
 
 // Forward items: each runs up to kForwardLanes (query head, query block) lanes
 // of one kv head's group over one key loop, so that each K/V block is read
@@ -72,7 +49,7 @@ struct ForwardShape {
 
 ForwardShape ForwardShapeOf(const AttentionGeometry& g) {
   ForwardShape f;
-  if (!attention::ValidGeometry(g)) return f;
+  if (!ValidGeometry(g)) return f;
   const int64_t group = g.q_heads / g.kv_heads;
   for (int64_t h = 1; h <= kForwardLanes; ++h) {
     if (group % h == 0) f.heads = h;
@@ -110,7 +87,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const bool bf16 = std::is_same_v<T, BFloat16> && ops.bf16_gemm != nullptr && d % 2 == 0;
   struct Lane {
     int64_t n, r0, nr;
-    attention::BlockSpan keys;
+    BlockSpan keys;
   };
   Lane lanes[kForwardLanes];
   int64_t count = 0;
@@ -119,7 +96,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t r0 = (it.block * shape.blocks + blk) * kBlockQ;
     if (r0 >= band.q_len) break;
     const int64_t nr = std::min(kBlockQ, band.q_len - r0);
-    const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+    const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
     for (int64_t h = 0; h < shape.heads; ++h) {
       const int64_t j = count++;
       lanes[j] = {n0 + h, r0, nr, keys};
@@ -203,7 +180,7 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
   const float scale = ScoreScale(g);
   LoadTransposed(query + Offset(g.q, b, band.q_start + r0, n), g.q.seq, nr, g.head_dim, ws.t1,
                  kBlockQ);
-  const attention::BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
+  const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
