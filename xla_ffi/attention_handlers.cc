@@ -110,18 +110,11 @@ ffi::Error AttentionForwardImpl(
     int32_t bias_kind, int32_t bias_after_scale, int32_t dropout, int64_t keep_threshold,
     float keep_scale) {
   Decoded d;
-  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
-      e.failure()) {
-    return e;
-  }
-  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
-    return e;
-  }
-  if (auto e = DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys, drop_rows, drop_mask,
-                             &d);
-      e.failure()) {
-    return e;
-  }
+  JAX_ROPE_RETURN_IF_FAILED(
+      Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d));
+  JAX_ROPE_RETURN_IF_FAILED(DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d));
+  JAX_ROPE_RETURN_IF_FAILED(DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys,
+                                          drop_rows, drop_mask, &d));
   if (value.element_type() != query.element_type()) return Fail("value must have query's dtype");
   std::vector<int64_t> out_dims = DimsOf(query);
   out_dims.back() = d.geometry.value_dim;
@@ -129,7 +122,7 @@ ffi::Error AttentionForwardImpl(
        {std::tuple{&*out, out_dims, query.element_type(), "attention_out"},
         std::tuple{&*softmax_max, StatsDims(d), ffi::DataType::F32, "softmax_max"},
         std::tuple{&*softmax_sum, StatsDims(d), ffi::DataType::F32, "softmax_sum"}}) {
-    if (auto e = CheckResult(*buffer, dims, dtype, name); e.failure()) return e;
+    JAX_ROPE_RETURN_IF_FAILED(CheckResult(*buffer, dims, dtype, name));
   }
   const AttentionGeometry& g = d.geometry;
   ffi::Error status = ffi::Error::Success();
@@ -180,18 +173,14 @@ ffi::Error AttentionScoresImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::
                                ffi::Result<ffi::AnyBuffer> scores, int32_t layout, float scale,
                                int32_t has_mask, int32_t bias_kind, int32_t bias_after_scale) {
   Decoded d;
-  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(key), table, mask, &d);
-      e.failure()) {
-    return e;
-  }
-  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
-    return e;
-  }
+  JAX_ROPE_RETURN_IF_FAILED(
+      Decode(layout, scale, has_mask, query, key, DimsOf(key), table, mask, &d));
+  JAX_ROPE_RETURN_IF_FAILED(DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d));
   const AttentionGeometry& g = d.geometry;
   const std::vector<int64_t> dims =
       d.packed ? std::vector<int64_t>{g.q_heads, d.q_rows, d.kv_rows}
                : std::vector<int64_t>{g.batch, g.q_heads, d.q_rows, d.kv_rows};
-  if (auto e = CheckResult(*scores, dims, ffi::DataType::F32, "scores"); e.failure()) return e;
+  JAX_ROPE_RETURN_IF_FAILED(CheckResult(*scores, dims, ffi::DataType::F32, "scores"));
   const int64_t strides[3] = {d.packed ? 0 : g.q_heads * d.q_rows * d.kv_rows,
                               d.q_rows * d.kv_rows, d.kv_rows};
   float* data = Data<float>(*scores);
@@ -218,18 +207,11 @@ ffi::Error AttentionBackwardImpl(
     int32_t bias_kind, int32_t bias_after_scale, int32_t dropout, int64_t keep_threshold,
     float keep_scale) {
   Decoded d;
-  if (auto e = Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d);
-      e.failure()) {
-    return e;
-  }
-  if (auto e = DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d); e.failure()) {
-    return e;
-  }
-  if (auto e = DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys, drop_rows, drop_mask,
-                             &d);
-      e.failure()) {
-    return e;
-  }
+  JAX_ROPE_RETURN_IF_FAILED(
+      Decode(layout, scale, has_mask, query, key, DimsOf(value), table, mask, &d));
+  JAX_ROPE_RETURN_IF_FAILED(DecodeBias(bias_kind, bias_after_scale, query, bias, offsets, &d));
+  JAX_ROPE_RETURN_IF_FAILED(DecodeDropout(dropout, keep_threshold, keep_scale, drop_keys,
+                                          drop_rows, drop_mask, &d));
   const ffi::DataType dtype = query.element_type();
   std::vector<int64_t> out_dims = DimsOf(query);
   out_dims.back() = d.geometry.value_dim;
@@ -242,7 +224,7 @@ ffi::Error AttentionBackwardImpl(
         std::tuple{&*dquery, DimsOf(query), dtype, "dquery"},
         std::tuple{&*dkey, DimsOf(key), dtype, "dkey"},
         std::tuple{&*dvalue, DimsOf(value), dtype, "dvalue"}}) {
-    if (auto e = CheckResult(*buffer, dims, type, name); e.failure()) return e;
+    JAX_ROPE_RETURN_IF_FAILED(CheckResult(*buffer, dims, type, name));
   }
   const AttentionGeometry& g = d.geometry;
   ffi::Error status = ffi::Error::Success();

@@ -1,5 +1,5 @@
-// Shared by the FFI handlers: buffer accessors and dtype dispatch (XLA element
-// types to kernel types).
+// Shared by the FFI handlers: buffer accessors, early return on an FFI error,
+// and dtype dispatch (XLA element types to kernel types).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,14 @@
 
 #include "device_kernels/cpu/float_convert.h"
 #include "xla/ffi/api/ffi.h"
+
+// Returns from the enclosing handler with the error of `expr` if it failed.
+#define JAX_ROPE_RETURN_IF_FAILED(expr)             \
+  do {                                              \
+    if (auto error_ = (expr); error_.failure()) {   \
+      return error_;                                \
+    }                                               \
+  } while (0)
 
 namespace jax_rope::ffi_support {
 

@@ -61,13 +61,9 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
   std::string message = cpu::MakeRopeGeometry(layout, rotary_mode, DimsOf(query),
                                               DimsOf(key), DimsOf(cos), DimsOf(sin), &g);
   if (!message.empty()) return InvalidArgument(kOp, message);
-  if (ffi::Error error = CheckBuffers(
-          kOp, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}},
-          {{{"query_out", &*query_out}, {"query", &query}},
-           {{"key_out", &*key_out}, {"key", &key}}});
-      error.failure()) {
-    return error;
-  }
+  JAX_ROPE_RETURN_IF_FAILED(CheckBuffers(
+      kOp, {{"query", &query}, {"key", &key}, {"cos", &cos}, {"sin", &sin}},
+      {{{"query_out", &*query_out}, {"query", &query}}, {{"key_out", &*key_out}, {"key", &key}}}));
   // Aliased outputs (in_place: XLA passes the input buffer as the output) are
   // written in place; only fresh output buffers get the huge-page advice.
   for (auto [out, in] : {std::pair{&*query_out, &query}, std::pair{&*key_out, &key}}) {
@@ -111,7 +107,7 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
     outputs.push_back({{"dcos", dcos}, {"cos", &cos}});
     outputs.push_back({{"dsin", dsin}, {"sin", &sin}});
   }
-  if (ffi::Error error = CheckBuffers(kOp, inputs, outputs); error.failure()) return error;
+  JAX_ROPE_RETURN_IF_FAILED(CheckBuffers(kOp, inputs, outputs));
   for (ffi::AnyBuffer* out : {&dquery, &dkey}) {
     AdviseHugePages(out->untyped_data(), out->size_bytes());
   }
