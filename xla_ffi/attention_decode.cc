@@ -48,8 +48,12 @@ ffi::Error Decode(int32_t layout, float scale, int32_t has_mask, const ffi::AnyB
     return Fail("key and value must agree with query on batch and with each other on rows/heads");
   }
   if (g.kv_heads <= 0 || g.q_heads % g.kv_heads != 0) return Fail("N1 must be a multiple of N2");
-  if (k.back() != g.head_dim || g.value_dim > g.head_dim) return Fail("need D(key) == D(query) and Dv <= D");
-  if (g.head_dim <= 0 || g.value_dim <= 0) return Fail("query/key/value must have D > 0 and Dv > 0");
+  if (k.back() != g.head_dim || g.value_dim > g.head_dim) {
+    return Fail("need D(key) == D(query) and Dv <= D");
+  }
+  if (g.head_dim <= 0 || g.value_dim <= 0) {
+    return Fail("query/key/value must have D > 0 and Dv > 0");
+  }
   g.q = StridesOf(q, roles);
   g.k = StridesOf(k, roles);
   g.v = StridesOf(value_dims, roles);

@@ -89,7 +89,9 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
   if (dot) {
     std::fill(ws.group_q + m * ws.dp, ws.group_q + mp * ws.dp, 0.0f);
   } else {
-    for (int64_t p = 0; p < d; ++p) std::fill(ws.t1 + p * kBlock + m, ws.t1 + p * kBlock + mp, 0.0f);
+    for (int64_t p = 0; p < d; ++p) {
+      std::fill(ws.t1 + p * kBlock + m, ws.t1 + p * kBlock + mp, 0.0f);
+    }
   }
 }
 

@@ -14,7 +14,9 @@ namespace jax_rope::cpu {
 
 constexpr int64_t kTileAlign = 16;
 
-constexpr int64_t RoundUpToTile(int64_t n) { return (n + kTileAlign - 1) / kTileAlign * kTileAlign; }
+constexpr int64_t RoundUpToTile(int64_t n) {
+  return (n + kTileAlign - 1) / kTileAlign * kTileAlign;
+}
 
 struct TileOps {
   // C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], where A(i, p) is
