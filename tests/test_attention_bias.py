@@ -231,16 +231,20 @@ PAD_LAYOUTS = ("BSND", "BNSD", "BSH", "SBH")
 OFFSETS = [(0, 0), (2, 0), (0, 3), (-1, 4)]
 
 
-def padded_case(rng, layout, pse_type, form, batch_one, mode, *, B=2, Sq=5, Skv=6, N1=4, N2=2,
-                D=8, offsets=(0, 0), dtype=np.float32):
-    args, kw = ao.make_case(rng, layout, dtype, B=B, Sq=Sq, Skv=Skv, N1=N1, N2=N2, D=D,
-                            **ao.mode_kwargs(mode, rng, B, Sq, Skv, N1))
+def with_pse(rng, args, kw, pse_type, form, batch_one, offsets, dtype):
+    """(args, kw, pse): the case's keywords with pse_type (and ALiBi offsets) and its bias."""
     kw["pse_type"] = pse_type
     if pse_type in (2, 3):
         kw["q_start_idx"], kw["kv_start_idx"] = offsets
     geom = bo.Geometry(*args[:2], **kw)
-    pse = bo.make_pse(rng, form, pse_type, geom, batch_one=batch_one, dtype=dtype)
-    return args, kw, pse
+    return args, kw, bo.make_pse(rng, form, pse_type, geom, batch_one=batch_one, dtype=dtype)
+
+
+def padded_case(rng, layout, pse_type, form, batch_one, mode, *, B=2, Sq=5, Skv=6, N1=4, N2=2,
+                D=8, offsets=(0, 0), dtype=np.float32):
+    args, kw = ao.make_case(rng, layout, dtype, B=B, Sq=Sq, Skv=Skv, N1=N1, N2=N2, D=D,
+                            **ao.mode_kwargs(mode, rng, B, Sq, Skv, N1))
+    return with_pse(rng, args, kw, pse_type, form, batch_one, offsets, dtype)
 
 
 def padded_params():
@@ -296,12 +300,7 @@ def tnd_case(rng, pse_type, form, batch_one, mode, offsets=(0, 0), lq=None, lkv=
         lq, lkv = (TND_Q, TND_Q) if form == "compressed" else (TND_Q, TND_KV)
     args, kw = ao.make_case(rng, "TND", dtype, N1=N1, N2=N2, D=D, seq_q=lq, seq_kv=lkv,
                             **ao.varlen_kwargs(mode, rng, lq, lkv))
-    kw["pse_type"] = pse_type
-    if pse_type in (2, 3):
-        kw["q_start_idx"], kw["kv_start_idx"] = offsets
-    geom = bo.Geometry(*args[:2], **kw)
-    pse = bo.make_pse(rng, form, pse_type, geom, batch_one=batch_one, dtype=dtype)
-    return args, kw, pse
+    return with_pse(rng, args, kw, pse_type, form, batch_one, offsets, dtype)
 
 
 @pytest.mark.parametrize("backend,pse_type,form,batch_one,mode,offsets",
