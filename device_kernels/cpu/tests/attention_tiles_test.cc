@@ -1,0 +1,242 @@
+// Each instruction set's tile routines (attention_tiles.h: the GEMM, the
+// dot-product scores, the softmax steps and the bfloat16 GEMM) against naive
+// double-precision evaluations, on edge shapes of every register block, masked
+// (-inf) entries, fully masked columns and prior softmax state. An instruction
+// set this CPU lacks is reported and left out. Built and run by ctest (CMake
+// option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/float_convert.h"
+
+namespace {
+
+using namespace jax_rope::cpu;
+
+int g_failures = 0;
+int g_checks = 0;
+
+void Fail(const std::string& what) {
+  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
+}
+
+// softmax_step and softmax_grad of one instruction set against double precision
+// on a tile with masked (-inf) entries, fully masked columns and prior state.
+void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t keys = 37, cols = 48, ld = 64, out_cols = 32;
+  const float scale = 7.0f, inf = INFINITY;
+  std::vector<float> s(keys * ld), q_max(cols), q_sum(cols), out(cols * out_cols);
+  for (int64_t j = 0; j < keys; ++j) {
+    for (int64_t c = 0; c < cols; ++c) {
+      s[j * ld + c] = (c % 7 == 3 || u(rng) < -0.6f) ? -inf : 3.0f * u(rng);
+    }
+  }
+  s[5 * ld + 6] = -3.0e38f;  // far below the max: exp underflows to exactly 0
+  for (int64_t c = 0; c < cols; ++c) {
+    q_max[c] = c % 3 == 0 ? -inf : 10.0f * u(rng);
+    q_sum[c] = c % 3 == 0 ? 0.0f : 2.0f + u(rng);
+  }
+  for (float& x : out) x = u(rng);
+  const std::vector<float> s0 = s, max0 = q_max, sum0 = q_sum, out0 = out;
+  ops.softmax_step(s.data(), ld, keys, cols, scale, q_max.data(), q_sum.data(), out.data(),
+                   out_cols, 40, out_cols);
+  double worst = 0.0;
+  for (int64_t c = 0; c < cols; ++c) {
+    double m = max0[c];
+    for (int64_t j = 0; j < keys; ++j) {
+      if (s0[j * ld + c] != -inf) m = std::max(m, double(scale * s0[j * ld + c]));
+    }
+    const double alpha = m == -inf ? 1.0 : std::exp(max0[c] - m);
+    double sum = sum0[c] * alpha;
+    for (int64_t j = 0; j < keys; ++j) {
+      const double x = s0[j * ld + c];
+      const double p = x == -inf || m == -inf ? 0.0 : std::exp(double(scale * float(x)) - m);
+      sum += p;
+      worst = std::max(worst, std::abs(s[j * ld + c] - p) / std::max(1e-30, p));
+      if (p == 0.0 && s[j * ld + c] != 0.0f) Fail(std::string("softmax_step zero ") + isa);
+    }
+    if (m != double(q_max[c])) Fail(std::string("softmax_step max ") + isa);
+    worst = std::max(worst, std::abs(q_sum[c] - sum) / std::max(1e-30, sum));
+    for (int64_t e = 0; e < out_cols && c < 40; ++e) {
+      const double want = out0[c * out_cols + e] * (m == -inf ? 1.0 : alpha);
+      worst = std::max(worst, std::abs(out[c * out_cols + e] - want) / (1e-30 + std::abs(want)));
+    }
+  }
+  ++g_checks;
+  if (worst > 5e-6) Fail(std::string("softmax_step ") + isa + " " + std::to_string(worst));
+
+  for (bool by_column : {false, true}) {
+    const int64_t rows = 21;
+    std::vector<float> st(rows * ld), dp(rows * ld), mx(cols), inv(cols), delta(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        st[r * ld + c] = u(rng) < -0.5f ? -inf : u(rng);
+        dp[r * ld + c] = u(rng);
+      }
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const bool dead = c % 5 == 0;  // dead rows come as max 0, 1/sum 0
+      mx[c] = dead ? 0.0f : 3.0f + u(rng);
+      inv[c] = dead ? 0.0f : 0.5f + 0.25f * u(rng);
+      delta[c] = u(rng);
+    }
+    const std::vector<float> st0 = st, dp0 = dp;
+    ops.softmax_grad(st.data(), dp.data(), ld, rows, cols, scale, mx.data(), inv.data(),
+                     delta.data(), by_column);
+    double err = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t k = by_column ? c : r;
+        const double x = st0[r * ld + c];
+        const double p = x == -inf ? 0.0 : std::exp(scale * x - mx[k]) * inv[k];
+        const double ds = p * (dp0[r * ld + c] - delta[k]);
+        err = std::max(err, std::abs(st[r * ld + c] - p) / (1e-6 + p));
+        err = std::max(err, std::abs(dp[r * ld + c] - ds) / (1e-6 + std::abs(ds)));
+      }
+    }
+    ++g_checks;
+    if (err > 2e-5) Fail(std::string("softmax_grad ") + isa + " " + std::to_string(err));
+  }
+  std::printf("tile ops %s: checked (softmax_step max rel err %.2e)\n", isa, worst);
+}
+
+// Each instruction set's tile routines against a naive evaluation.
+void CheckTileOps() {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const char* names[] = {"avx512", "avx2", "baseline"};
+  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
+  for (int which = 0; which < 3; ++which) {
+    const TileOps* ops = TileOpsFor(isas[which]);
+    if (ops == nullptr) {
+      std::printf("tile ops %s: not supported here, skipped\n", names[which]);
+      continue;
+    }
+    for (int64_t m : {1, 3, 4, 7, 13, 64}) {
+      for (int64_t n : {1, 5, 16, 24, 33, 64, 130}) {
+        for (int64_t k : {1, 9, 64}) {
+          for (bool transposed_a : {false, true}) {
+            const int64_t ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n) + 3;
+            std::vector<float> a(m * k), b(k * ldb, 0.0f), c(m * ldc);
+            for (float& x : a) x = u(rng);
+            for (int64_t p = 0; p < k; ++p) {
+              for (int64_t j = 0; j < n; ++j) b[p * ldb + j] = u(rng);
+            }
+            for (float& x : c) x = u(rng);
+            std::vector<float> c0 = c;
+            const int64_t a_row = transposed_a ? 1 : k, a_col = transposed_a ? m : 1;
+            for (bool accumulate : {false, true}) {
+              c = c0;
+              ops->gemm(m, n, k, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc, accumulate);
+              double worst = 0.0;
+              for (int64_t i = 0; i < m; ++i) {
+                for (int64_t j = 0; j < n; ++j) {
+                  double want = accumulate ? c0[i * ldc + j] : 0.0;
+                  for (int64_t p = 0; p < k; ++p) {
+                    want += double(a[i * a_row + p * a_col]) * b[p * ldb + j];
+                  }
+                  worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+                }
+              }
+              ++g_checks;
+              if (worst > 1e-4) Fail(std::string("gemm ") + names[which]);
+            }
+          }
+        }
+      }
+    }
+    // dot_scores: every row-block width, key and dim remainders (k padded with
+    // finite junk past d: q's zero padding must cancel it).
+    for (int64_t rows : {1, 2, 3, 4, 5, 8, 11, 16}) {
+      for (int64_t keys : {1, 3, 17, 64}) {
+        const bool by_rows = (rows + keys) % 2 == 1;  // s[i][j] instead of s[j][i]
+        for (int64_t d : {8, 40, 64, 128, 256}) {
+          const int64_t dp = RoundUpToTile(d), ldk = dp + 16, lds = 64;
+          std::vector<float> kk(keys * ldk, 0.0f), q(RoundUpToTile(rows) * dp, 0.0f);
+          for (int64_t j = 0; j < keys; ++j) {
+            for (int64_t p = 0; p < ldk; ++p) kk[j * ldk + p] = p < d ? u(rng) : 1e3f;
+          }
+          for (int64_t i = 0; i < rows; ++i) {
+            for (int64_t p = 0; p < d; ++p) q[i * dp + p] = u(rng);
+          }
+          std::vector<float> s(64 * lds, 12345.0f);
+          ops->dot_scores(keys, rows, d, kk.data(), ldk, q.data(), dp, s.data(),
+                          by_rows ? 1 : lds, by_rows ? lds : 1);
+          double worst = 0.0;
+          bool untouched = true;
+          for (int64_t j = 0; j < 64; ++j) {
+            for (int64_t i = 0; i < 64; ++i) {
+              const float got = by_rows ? s[i * lds + j] : s[j * lds + i];
+              if (i >= rows || j >= keys) {
+                untouched &= got == 12345.0f;
+                continue;
+              }
+              double want = 0.0;
+              for (int64_t p = 0; p < d; ++p) want += double(kk[j * ldk + p]) * q[i * dp + p];
+              worst = std::max(worst, std::abs(want - got));
+            }
+          }
+          ++g_checks;
+          if (worst > 1e-4 || !untouched) {
+            Fail(std::string("dot_scores ") + names[which] + " rows " + std::to_string(rows) +
+                 " keys " + std::to_string(keys) + " d " + std::to_string(d));
+          }
+        }
+      }
+    }
+    if (ops->bf16_gemm != nullptr) {  // bf16 inputs: exact products, float32 sums
+      for (int64_t m : {1, 4, 7, 64}) {
+        for (int64_t n : {1, 16, 33, 64}) {
+          for (int64_t kp : {1, 20, 64}) {
+            const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
+            std::vector<BFloat16> a(m * lda);
+            std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
+            for (BFloat16& x : a) x = FromFloat<BFloat16>(u(rng));
+            for (int64_t p = 0; p < 2 * kp; ++p) {
+              for (int64_t j = 0; j < n; ++j) bt[p * ldb + j] = FromFloat<BFloat16>(u(rng));
+            }
+            std::vector<uint32_t> pairs(kp * ldb);
+            for (int64_t p = 0; p < kp; ++p) {
+              for (int64_t j = 0; j < ldb; ++j) {
+                pairs[p * ldb + j] =
+                    uint32_t{bt[2 * p * ldb + j].bits} | uint32_t{bt[(2 * p + 1) * ldb + j].bits} << 16;
+              }
+            }
+            std::vector<float> c(m * ldc, 7.0f);
+            ops->bf16_gemm(m, n, kp, reinterpret_cast<const uint16_t*>(a.data()), lda,
+                           pairs.data(), ldb, c.data(), ldc);
+            double worst = 0.0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < n; ++j) {
+                double want = 0.0;
+                for (int64_t p = 0; p < 2 * kp; ++p) {
+                  want += double(ToFloat(a[i * lda + p])) * ToFloat(bt[p * ldb + j]);
+                }
+                worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+              }
+            }
+            ++g_checks;
+            if (worst > 1e-4) Fail(std::string("bf16_gemm ") + names[which]);
+          }
+        }
+      }
+      std::printf("tile ops %s: bf16 dot products checked\n", names[which]);
+    }
+    CheckSoftmaxOps(*ops, names[which], rng);
+  }
+}
+
+}  // namespace
+
+int main() {
+  CheckTileOps();
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
