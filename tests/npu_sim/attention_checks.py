@@ -6,7 +6,6 @@ expected on Atlas A2/A3 only (the operator's product table); elsewhere the
 same calls must take the fallback and give the same numbers."""
 
 import ctypes
-import os
 import re
 
 import jax
@@ -16,12 +15,9 @@ import numpy as np
 import attention_oracle as ref
 import jax_rope as jr
 from jax_rope import npu
+from sim_libraries import CHIP, CORE, OPS
 
-LIB64 = os.path.join(os.environ["ASCEND_HOME_PATH"], "lib64")
-GEN = int(os.environ["JAX_ROPE_SIM_GEN"])
-CORE = ctypes.CDLL(os.path.join(LIB64, "libascendcl.so"))
-OPS = ctypes.CDLL(os.path.join(LIB64, "libopapi.so" if GEN == 80 else "libopapi_transformer.so"))
-KERNEL = os.environ["JAX_ROPE_SIM_CHIP"] in ("A2", "A3")
+KERNEL = CHIP in ("A2", "A3")
 ATTENTION_CHECKS = {}
 FWD, BWD = npu.ATTENTION_FWD, npu.ATTENTION_BWD
 
@@ -196,11 +192,6 @@ def attention_tnd_causal_with_sq_above_skv_is_rejected():
 # --- straight into the simulated operator ------------------------------------------
 
 _P, _D, _I64 = ctypes.c_void_p, ctypes.c_double, ctypes.c_int64
-CORE.aclCreateTensor.restype = _P
-CORE.aclCreateTensor.argtypes = [_P, ctypes.c_uint64, ctypes.c_int32, _P, _I64, ctypes.c_int32, _P,
-                                ctypes.c_uint64, _P]
-CORE.aclDestroyTensor.argtypes = [_P]
-CORE.aclGetRecentErrMsg.restype = ctypes.c_char_p
 OPS.aclnnFlashAttentionScoreGetWorkspaceSize.argtypes = (
     [_P] * 7 + [_P, _D, _D, _I64, _I64, _I64, ctypes.c_char_p, _I64, _I64] + [_P] * 4 + [_P, _P])
 OPS.aclnnFlashAttentionScore.argtypes = [_P, ctypes.c_uint64, _P, _P]

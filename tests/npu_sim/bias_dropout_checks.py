@@ -7,7 +7,6 @@ dq/dk/dv and dpse). The NPU kernel is expected on Atlas A2/A3 where section 6
 covers the call; elsewhere the same numbers come from the fallback."""
 
 import ctypes
-import os
 
 import jax
 import jax.numpy as jnp
@@ -15,12 +14,9 @@ import numpy as np
 
 import jax_rope as jr
 from jax_rope import npu
+from sim_libraries import CHIP, CORE, OPS
 
-LIB64 = os.path.join(os.environ["ASCEND_HOME_PATH"], "lib64")
-GEN = int(os.environ["JAX_ROPE_SIM_GEN"])
-CORE = ctypes.CDLL(os.path.join(LIB64, "libascendcl.so"))
-OPS = ctypes.CDLL(os.path.join(LIB64, "libopapi.so" if GEN == 80 else "libopapi_transformer.so"))
-KERNEL = os.environ["JAX_ROPE_SIM_CHIP"] in ("A2", "A3")
+KERNEL = CHIP in ("A2", "A3")
 BIAS_DROPOUT_CHECKS = {}
 FWD, BWD = npu.ATTENTION_FWD, npu.ATTENTION_BWD
 CORE.jax_rope_sim_last_drop_mask.restype = ctypes.c_int64
@@ -206,14 +202,6 @@ def bias_dropout_outside_the_operator_takes_the_fallback():
 # --- straight into the simulated V2 operators -------------------------------------
 
 _P, _D, _I64 = ctypes.c_void_p, ctypes.c_double, ctypes.c_int64
-CORE.aclCreateTensor.restype = _P
-CORE.aclCreateTensor.argtypes = [_P, ctypes.c_uint64, ctypes.c_int32, _P, _I64, ctypes.c_int32, _P,
-                                ctypes.c_uint64, _P]
-CORE.aclDestroyTensor.argtypes = [_P]
-CORE.aclCreateIntArray.restype = _P
-CORE.aclCreateIntArray.argtypes = [_P, ctypes.c_uint64]
-CORE.aclDestroyIntArray.argtypes = [_P]
-CORE.aclGetRecentErrMsg.restype = ctypes.c_char_p
 OPS.aclnnFlashAttentionScoreV2GetWorkspaceSize.argtypes = (
     [_P] * 10 + [_D, _D, _I64, _I64, _I64, ctypes.c_char_p, _I64, _I64, _I64] + [_P] * 6)
 
@@ -270,7 +258,6 @@ def bias_dropout_wrong_calls_directly_are_rejected():
              drop=tensor((3,), dtype=4, itemsize=1))  # needs ceil(1*2*4*4/8) = 4 bytes
     rejected("only support uint8", keep_prob=0.9, drop=tensor((4,)))
     assert call(pse=tensor((2,)), pse_type=2, q_start=array(1), kv_start=array(0)) == 0
-    CORE.aclDestroyAclOpExecutor.argtypes = [_P]
     assert CORE.aclDestroyAclOpExecutor(executor) == 0
     for item in keep:
         if isinstance(item, tuple):

@@ -31,10 +31,7 @@ import jax_rope as jr  # noqa: E402
 from jax_rope import npu  # noqa: E402
 from jax_rope.core.primitive import DEFINITIONS  # noqa: E402
 
-LIB64 = os.path.join(os.environ["ASCEND_HOME_PATH"], "lib64")
-CHIP, GEN = os.environ["JAX_ROPE_SIM_CHIP"], int(os.environ["JAX_ROPE_SIM_GEN"])
-CORE = ctypes.CDLL(os.path.join(LIB64, "libascendcl.so"))  # the shared bookkeeping
-OPS = ctypes.CDLL(os.path.join(LIB64, "libopapi.so" if GEN == 80 else "libopapi_transformer.so"))
+from sim_libraries import CHIP, CORE, GEN, OPS  # noqa: E402
 # What the audit says each simulated combination has (the expectations).
 ROPE_FWD_KERNEL = GEN >= 85 and CHIP in ("A2", "A3", "310P", "950")
 # The backward: ApplyRotaryPosEmbGrad on 950 from 9.0, RotaryPositionEmbeddingGrad
@@ -201,11 +198,6 @@ def a2_backward_uses_rotary_position_embedding_grad():
 @check
 def rotary_position_embedding_grad_wrong_calls_are_rejected():
     # Straight into the simulated aclnnRotaryPositionEmbeddingGrad (A2/A3 contract).
-    CORE.aclCreateTensor.restype = ctypes.c_void_p
-    CORE.aclCreateTensor.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32,
-                                     ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32,
-                                     ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p]
-    CORE.aclGetRecentErrMsg.restype = ctypes.c_char_p
     keep = []
 
     def tensor(*shape):
@@ -241,7 +233,6 @@ def rotary_position_embedding_grad_wrong_calls_are_rejected():
     # a launch without the workspace it asked for
     assert OPS.aclnnRotaryPositionEmbeddingGrad(None, ctypes.c_uint64(size.value), executor,
                                                 None) == 161002
-    CORE.aclDestroyAclOpExecutor.argtypes = [ctypes.c_void_p]
     assert CORE.aclDestroyAclOpExecutor(executor) == 0
     for x in made:
         assert CORE.aclDestroyTensor(x) == 0
@@ -275,7 +266,6 @@ def wrong_call_directly_is_rejected():
     dims = (ctypes.c_int64 * 4)(1, 1, 1, 64)
     strides = (ctypes.c_int64 * 4)(64, 64, 64, 1)
     buf = (ctypes.c_float * 64)()
-    CORE.aclCreateTensor.restype = ctypes.c_void_p
     make = lambda: ctypes.c_void_p(CORE.aclCreateTensor(dims, 4, 0, strides, 0, 2, dims, 4, buf))
     t = [make() for _ in range(4)]
     size, executor = ctypes.c_uint64(), ctypes.c_void_p()
@@ -289,7 +279,6 @@ def wrong_call_directly_is_rejected():
         *t, ctypes.c_int64(1), ctypes.c_char_p(b"half"), ctypes.byref(size),
         ctypes.byref(executor)) == 0 and size.value > 0
     assert OPS.aclnnApplyRotaryPosEmbV2(None, ctypes.c_uint64(size.value), executor, None) == 161002
-    CORE.aclDestroyAclOpExecutor.argtypes = [ctypes.c_void_p]
     assert CORE.aclDestroyAclOpExecutor(executor) == 0
     for x in t:
         assert CORE.aclDestroyTensor(x) == 0
