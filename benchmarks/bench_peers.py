@@ -7,6 +7,9 @@ Every row times jax_rope's `flash_attention_score` on the CPU kernels against
 - fallback: jax_rope's own jax.numpy fallback (`jr.backend("fallback")`);
 and reports achieved GFLOP/s as a fraction of the FMA peak (or, for decode, GB/s of K/V
 read against the copy bandwidth), both measured in the same run (benchmarks/machine.py).
+Each row's implementations are compiled first, then timed in interleaved rounds (one call
+of each per round, the median of --repeats rounds; calls over a second are timed once), so
+that the machine's drift reaches them alike.
 Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi and
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
 Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
@@ -34,7 +37,7 @@ import numpy as np
 
 import jax_rope as jr
 import machine  # benchmarks/machine.py, beside this script
-from timing import time_call  # benchmarks/timing.py, beside this script
+from timing import time_calls  # benchmarks/timing.py, beside this script
 
 try:
     import torch
@@ -174,35 +177,50 @@ def torch_call(row, arrays):
 
 # --- measuring and reporting ----------------------------------------------------------------
 
-def measure_row(row, repeats, plain_ms):
-    """{implementation: ms or a note string}."""
+def _warmed(make):
+    """(call, None) after a first call (compiling it), or (None, why) if building or
+    calling it failed."""
+    try:
+        call = make()
+        call()
+        return call, None
+    except Exception as e:  # noqa: BLE001 - a failing implementation is reported, not fatal
+        return None, e
+
+
+def measure_row(row, repeats):
+    """{implementation: ms or a note string}, every implementation timed in the same
+    interleaved rounds."""
     rng = np.random.default_rng(0)
     shapes = [(row.batch, row.q_len, row.heads, row.dim)] + [
         (row.batch, row.kv_len, row.kv_heads, row.dim)] * 2
     arrays = [rng.standard_normal(shape, np.float32) for shape in shapes]
-    results = {}
     if row.extra:  # a jax_rope feature against the plain jax_rope call
-        try:
-            results["jax_rope"] = time_call(jax_rope_call(row, arrays), repeats=repeats)
-        except (TypeError, NotImplementedError) as e:
-            return {"jax_rope": f"skipped: this jax_rope has no such arguments "
-                                f"({type(e).__name__}: {str(e).splitlines()[0][:90]})"}
-        results["plain call"] = plain_ms if plain_ms is not None else time_call(
-            jax_rope_call(row, arrays, with_extra=False), repeats=repeats)
-        return results
-    results["jax_rope"] = time_call(jax_rope_call(row, arrays), repeats=repeats)
-    peers = {"torch": (lambda: torch_call(row, arrays)) if torch is not None else None,
-             "jax.nn": lambda: jax_nn_call(row, arrays),
-             "fallback": lambda: jax_rope_call(row, arrays, backend="fallback")}
-    for name, make in peers.items():
+        makers = {"jax_rope": lambda: jax_rope_call(row, arrays),
+                  "plain call": lambda: jax_rope_call(row, arrays, with_extra=False)}
+    else:
+        makers = {"jax_rope": lambda: jax_rope_call(row, arrays),
+                  "torch": (lambda: torch_call(row, arrays)) if torch is not None else None,
+                  "jax.nn": lambda: jax_nn_call(row, arrays),
+                  "fallback": lambda: jax_rope_call(row, arrays, backend="fallback")}
+    calls, notes = {}, {}
+    for name, make in makers.items():
         if make is None:
-            results[name] = "missing: torch is not installed (pip install 'jax_rope[bench]')"
+            notes[name] = "missing: torch is not installed (pip install 'jax_rope[bench]')"
             continue
-        try:
-            results[name] = time_call(make(), repeats=repeats)
-        except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
-            results[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:90]}"
-    return results
+        call, error = _warmed(make)
+        if call is not None:
+            calls[name] = call
+        elif row.extra and name == "jax_rope" and isinstance(error, (TypeError,
+                                                                     NotImplementedError)):
+            return {"jax_rope": f"skipped: this jax_rope has no such arguments "
+                                f"({type(error).__name__}: {str(error).splitlines()[0][:90]})"}
+        elif name == "jax_rope":
+            raise error
+        else:
+            notes[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:90]}"
+    timed = time_calls(calls, repeats=repeats)
+    return {name: timed.get(name, notes.get(name)) for name in makers}
 
 
 def describe_rate(row, ms, limits):
@@ -276,7 +294,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         default=os.environ.get("JAX_ROPE_BENCH_QUICK", "") not in ("", "0"),
                         help="tiny shapes (16x shorter sequences): seconds, for a smoke run")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="interleaved rounds per row (the median is reported)")
     parser.add_argument("--plot", default=os.path.join(os.path.dirname(__file__),
                                                        "attention_peers.png"),
                         help="where to write the ratio chart ('' for none)")
@@ -288,11 +307,9 @@ def main() -> None:
     print(f"machine: {limits['threads']} threads, {limits['isa']} FMA peak "
           f"{limits['fma_gflops']:.1f} GFLOP/s, copy {limits['copy_gbps']:.1f} GB/s "
           "(read + written)")
-    times, ratios, plain_ms = {}, {}, None
+    times, ratios = {}, {}
     for row in rows(args.quick):
-        results = measure_row(row, args.repeats, plain_ms)
-        if row.name == "causal fwd":
-            plain_ms = results["jax_rope"]
+        results = measure_row(row, args.repeats)
         times[row.name] = results
         row_ratios = report_row(row, results, limits)
         if row_ratios:

@@ -19,16 +19,18 @@ def timeit(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def time_call(call, *, repeats: int, slow_s: float = 1.0) -> float:
-    """Median wall time in milliseconds of `call()` (which must block until its result is
-    ready), after one warm-up call; a call slower than `slow_s` is timed once."""
-    call()
-    start = time.perf_counter()
-    call()
-    times = [time.perf_counter() - start]
-    if times[0] < slow_s:
-        for _ in range(repeats - 1):
+def time_calls(calls, *, repeats: int, slow_s: float = 1.0) -> dict:
+    """Median wall time in milliseconds of each `calls[name]()` (which must block until its
+    result is ready and has been called once already, so it is compiled), timed in `repeats`
+    interleaved rounds of one call each: the machine's drift over a row (this VM's speed
+    moves by 10-15% within a minute) reaches every implementation alike. A call slower than
+    `slow_s` in the first round is timed once."""
+    times = {name: [] for name in calls}
+    for round_ in range(repeats):
+        for name, call in calls.items():
+            if round_ > 0 and times[name][0] >= slow_s:
+                continue
             start = time.perf_counter()
             call()
-            times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+            times[name].append(time.perf_counter() - start)
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
