@@ -11,11 +11,13 @@
 #include <atomic>
 #include <cmath>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "device_kernels/common/layout_roles.h"
 #include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/thread_scratch.h"
 #include "xla_ffi/attention_decode.h"
 #include "xla_ffi/dtype_dispatch.h"
 #include "xla_ffi/parallel.h"
@@ -61,6 +63,18 @@ int64_t GrainFor(int64_t n, double work) {
   constexpr double kChunkWork = 4e6;  // about 40 microseconds of tile products on one core
   const double chunks = std::clamp(work / kChunkWork, 1.0, double(std::max<int64_t>(n, 1)));
   return (n + int64_t(chunks) - 1) / int64_t(chunks);
+}
+
+// A pass's float32 scratch of `floats` (zeroed; the calling thread's kept
+// buffer when small, cpu::ThreadScratch), or an FFI error when out of memory.
+ffi::Error PassScratch(std::optional<cpu::ThreadScratch>& scratch, int64_t floats) {
+  try {
+    scratch.emplace(cpu::ScratchRole::kPass, floats);
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jax_rope attention: out of memory for kernel scratch");
+  }
+  return ffi::Error::Success();
 }
 
 // ParallelFor for kernels that allocate their scratch: an allocation failure in
@@ -146,21 +160,16 @@ ffi::Error AttentionForwardImpl(
       return;
     }
     // Short query blocks: key chunks in parallel, then an in-order merge per group.
-    std::vector<float> scratch;
-    try {
-      scratch.resize(split.scratch);
-    } catch (const std::bad_alloc&) {
-      status = ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                          "jax_rope attention: out of memory for kernel scratch");
-      return;
-    }
+    std::optional<cpu::ThreadScratch> scratch;
+    status = PassScratch(scratch, split.scratch);
+    if (status.failure()) return;
     status = GuardedParallelFor(pool, split.items, forward_work, [&](int64_t b, int64_t e) {
-      cpu::AttentionForwardSplit(g, d.seqs, args, scratch.data(), b, e);
+      cpu::AttentionForwardSplit(g, d.seqs, args, scratch->data(), b, e);
     });
     if (status.success()) {
       status = GuardedParallelFor(pool, split.groups, double(split.scratch),
                                   [&](int64_t b, int64_t e) {
-        cpu::AttentionForwardMerge(g, d.seqs, args, scratch.data(), b, e);
+        cpu::AttentionForwardMerge(g, d.seqs, args, scratch->data(), b, e);
       });
     }
   });
@@ -239,8 +248,10 @@ ffi::Error AttentionBackwardImpl(
         Fill(Data<T>(*buffer), buffer->element_count(), cpu::FromFloat<T>(0.0f));
       }
     }
-    std::vector<float> row_delta(softmax_max.element_count(), 0.0f);
-    float* delta = row_delta.data();
+    std::optional<cpu::ThreadScratch> row_delta;
+    status = PassScratch(row_delta, softmax_max.element_count());
+    if (status.failure()) return;
+    float* delta = row_delta->data();
     const int64_t query_items = cpu::ForwardWorkItems(g, d.seqs);
     // Per pass of the backward: the score, dP and one or two gradient products.
     const double pass_work = PairWork(d, 2.0 * (2 * g.head_dim + g.value_dim));

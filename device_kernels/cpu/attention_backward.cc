@@ -14,6 +14,7 @@
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/thread_scratch.h"
 
 namespace jax_rope::cpu {
 namespace {
@@ -205,12 +206,12 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
 template <typename T>
 void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                        const AttentionBackwardArgs<T>& a, const float* row_delta, int64_t b,
-                       int64_t h, const TileOps& ops, Workspace& ws, std::vector<float>& dq_acc) {
+                       int64_t h, const TileOps& ops, Workspace& ws, float* dq_acc) {
   const Band band(seqs[b]);
   const int64_t group = g.q_heads / g.kv_heads, d = g.head_dim, dv = g.value_dim;
   const bool bf16 = Bf16Products<T>(g, ops);
   const int64_t ldq = ws.dp;
-  dq_acc.assign(group * band.q_len * ldq, 0.0f);
+  std::fill(dq_acc, dq_acc + group * band.q_len * ldq, 0.0f);
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
@@ -223,7 +224,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     std::fill(dval, dval + nc * ws.dvp, 0.0f);
     const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
-      float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
+      float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
         const bool full = KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc,
                                        ops, ws, bf16, dk, dval);
@@ -239,7 +240,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     StoreRows(dval, ws.dvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
   }
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
-    const float* dq_head = dq_acc.data() + (n - h * group) * band.q_len * ldq;
+    const float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
     for (int64_t i = 0; i < band.q_len; ++i) {
       StoreRows(dq_head + i * ldq, ldq, 1, d, g.scale,
                 a.dquery + Offset(g.q, b, band.q_start + i, n), 0);
@@ -303,9 +304,15 @@ void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs
   if (begin >= end) return;
   const TileOps& ops = GetTileOps();
   Workspace ws(g, kBlockMax);
-  std::vector<float> dq_acc;
+  int64_t longest = 0;
   for (int64_t t = begin; t < end; ++t) {
-    FusedBackwardItem(g, seqs, args, row_delta, t / g.kv_heads, t % g.kv_heads, ops, ws, dq_acc);
+    longest = std::max(longest, Band(seqs[t / g.kv_heads]).q_len);
+  }
+  const ThreadScratch dq_acc(ScratchRole::kAccumulator,
+                             (g.q_heads / g.kv_heads) * longest * ws.dp);
+  for (int64_t t = begin; t < end; ++t) {
+    FusedBackwardItem(g, seqs, args, row_delta, t / g.kv_heads, t % g.kv_heads, ops, ws,
+                      dq_acc.data());
   }
 }
 

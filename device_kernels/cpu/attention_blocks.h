@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <new>
 #include <type_traits>
@@ -13,6 +14,7 @@
 
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/thread_scratch.h"
 
 namespace jax_rope::cpu::attention {
 
@@ -128,29 +130,22 @@ class WorkItems {
   std::vector<int64_t> ends_;  // cumulative item counts per sequence
 };
 
-// Float32 scratch of one call, 64-byte aligned, O(block x head_dim).
+// Float32 scratch of one call (zeroed, 64-byte aligned, O(block x head_dim)),
+// kept by the thread for its next call (thread_scratch.h).
 class Workspace {
  public:
   Workspace(const AttentionGeometry& g, int64_t block)
-      : dp(RoundUpToTile(g.head_dim)), dvp(RoundUpToTile(g.value_dim)) {
-    const int64_t sizes[] = {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
-                             block * block,      block * block,       block * dp, block * dvp,
-                             block,              block,               block,
-                             block * std::max(dp, dvp), block * block, block * dp};
+      : dp(RoundUpToTile(g.head_dim)), dvp(RoundUpToTile(g.value_dim)),
+        scratch_(ScratchRole::kWorkspace, Total(g, block, dp, dvp)) {
     float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
                        &finite, &keep, &group_q};
-    int64_t total = 0;
-    for (int64_t size : sizes) total += RoundUpToTile(size);
-    data_ = new (std::align_val_t{64}) float[total]();
-    float* p = data_;
-    for (int i = 0; i < 14; ++i) {
+    const auto sizes = Sizes(g, block, dp, dvp);
+    float* p = scratch_.data();
+    for (int i = 0; i < kSlots; ++i) {
       *slots[i] = p;
       p += RoundUpToTile(sizes[i]);
     }
   }
-  ~Workspace() { ::operator delete[](data_, std::align_val_t{64}); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
 
   const int64_t dp, dvp;  // head_dim and value_dim rounded up to kTileAlign
   float *t1, *t2;         // transposed blocks (dim x block)
@@ -163,7 +158,21 @@ class Workspace {
   float* group_q;         // query rows of a head group, float32 (block x dp, zero padded)
 
  private:
-  float* data_;
+  static constexpr int kSlots = 14;
+  static std::array<int64_t, kSlots> Sizes(const AttentionGeometry& g, int64_t block, int64_t dp,
+                                           int64_t dvp) {
+    return {g.head_dim * block, g.value_dim * block, block * dp, block * dvp,
+            block * block,      block * block,       block * dp, block * dvp,
+            block,              block,               block,
+            block * std::max(dp, dvp), block * block, block * dp};
+  }
+  static int64_t Total(const AttentionGeometry& g, int64_t block, int64_t dp, int64_t dvp) {
+    int64_t total = 0;
+    for (int64_t size : Sizes(g, block, dp, dvp)) total += RoundUpToTile(size);
+    return total;
+  }
+
+  ThreadScratch scratch_;
 };
 
 // Asks for rows x cols of src (row stride `stride`) to be brought into L2 (not
@@ -191,13 +200,14 @@ void LoadBlock(const T* src, int64_t stride, int64_t rows, int64_t cols, float* 
   }
 }
 
-// The transpose (cols x rows, row stride ld), zero columns up to RoundUpToTile(rows).
+// The transpose of rows x cols of `src` into dst (cols x rows, row stride ld);
+// nothing past `rows` in dst's rows is written.
 template <typename T>
-void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
-                    int64_t ld) {
-  const int64_t padded = RoundUpToTile(rows);
+void TransposeRows(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                   int64_t ld) {
   // Eight source rows at a time: rows a page apart share L1 sets, and a
-  // column-by-column walk down all of them would miss on every element.
+  // column-by-column walk down all of them would miss on every element (as
+  // would a row-by-row walk writing one element to each of cols lines).
   constexpr int64_t kRows = 8;
   for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
     const int64_t nr = std::min(kRows, rows - r0);
@@ -206,6 +216,14 @@ void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, fl
       for (int64_t r = 0; r < nr; ++r) out[r] = ToFloat(src[(r0 + r) * stride + c]);
     }
   }
+}
+
+// The transpose (cols x rows, row stride ld), zero columns up to RoundUpToTile(rows).
+template <typename T>
+void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                    int64_t ld) {
+  TransposeRows(src, stride, rows, cols, dst, ld);
+  const int64_t padded = RoundUpToTile(rows);
   for (int64_t c = 0; c < cols; ++c) {
     for (int64_t r = rows; r < padded; ++r) dst[c * ld + r] = 0.0f;
   }

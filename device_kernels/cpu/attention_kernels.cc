@@ -28,6 +28,7 @@
 #include "device_kernels/cpu/attention_items.h"
 #include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/thread_scratch.h"
 
 namespace jax_rope::cpu {
 namespace {
@@ -61,17 +62,16 @@ ForwardShape ForwardShapeOf(const AttentionGeometry& g) {
 }
 
 // Per-lane state beyond the workspace: query block (transposed), output
-// accumulator and row statistics.
+// accumulator and row statistics, in the thread's kept scratch.
 struct ForwardLanes {
-  std::vector<float> q, o, max, sum;
-  int64_t q_size = 0, o_size = 0;
+  int64_t q_size, o_size;
+  ThreadScratch scratch;
+  float *q, *o, *max, *sum;
   ForwardLanes(const AttentionGeometry& g, const Workspace& ws)
-      : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.dvp) {
-    q.assign(kForwardLanes * q_size, 0.0f);
-    o.assign(kForwardLanes * o_size, 0.0f);
-    max.assign(kForwardLanes * kBlockQ, 0.0f);
-    sum.assign(kForwardLanes * kBlockQ, 0.0f);
-  }
+      : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.dvp),
+        scratch(ScratchRole::kLanes, kForwardLanes * (q_size + o_size + 2 * kBlockQ)),
+        q(scratch.data()), o(q + kForwardLanes * q_size), max(o + kForwardLanes * o_size),
+        sum(max + kForwardLanes * kBlockQ) {}
 };
 
 template <typename T>
@@ -101,16 +101,16 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const int64_t j = count++;
       lanes[j] = {n0 + h, r0, nr, keys};
       const T* query = a.query + Offset(g.q, b, band.q_start + r0, n0 + h);
-      float* qt = fl.q.data() + j * fl.q_size;
+      float* qt = fl.q + j * fl.q_size;
       if (bf16) {
         LoadPairsTransposed(query, g.q.seq, nr, d, reinterpret_cast<uint32_t*>(qt), kBlockQ);
       } else {
         LoadTransposed(query, g.q.seq, nr, d, qt, kBlockQ);
       }
-      std::fill(fl.o.data() + j * fl.o_size, fl.o.data() + j * fl.o_size + nr * ws.dvp, 0.0f);
+      std::fill(fl.o + j * fl.o_size, fl.o + j * fl.o_size + nr * ws.dvp, 0.0f);
       const int64_t nrp = RoundUpToTile(nr);
-      std::fill(fl.max.data() + j * kBlockQ, fl.max.data() + j * kBlockQ + nrp, kNegInf);
-      std::fill(fl.sum.data() + j * kBlockQ, fl.sum.data() + j * kBlockQ + nrp, 0.0f);
+      std::fill(fl.max + j * kBlockQ, fl.max + j * kBlockQ + nrp, kNegInf);
+      std::fill(fl.sum + j * kBlockQ, fl.sum + j * kBlockQ + nrp, 0.0f);
     }
     if (keys.start < keys.end) {
       first = first < last ? std::min(first, keys.start) : keys.start;
@@ -128,8 +128,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const Lane& l = lanes[j];
       if (c0 < l.keys.start || c0 >= l.keys.end) continue;
       const int64_t n = l.n, r0 = l.r0, nr = l.nr;
-      const float* qt = fl.q.data() + j * fl.q_size;
-      float* o = fl.o.data() + j * fl.o_size;
+      const float* qt = fl.q + j * fl.q_size;
+      float* o = fl.o + j * fl.o_size;
       // Transposed scores (keys x queries): the statistics run along vectors.
       if (bf16) {
         ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
@@ -139,8 +139,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, fl.max.data() + j * kBlockQ,
-                       fl.sum.data() + j * kBlockQ, o, ws.dvp, nr, ws.dvp);
+      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, fl.max + j * kBlockQ,
+                       fl.sum + j * kBlockQ, o, ws.dvp, nr, ws.dvp);
       if (dropout) {  // the statistics above stay those of the undropped softmax
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
@@ -153,9 +153,9 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
   for (int64_t j = 0; j < count; ++j) {
     const Lane& l = lanes[j];
-    const float* o = fl.o.data() + j * fl.o_size;
-    const float* mx = fl.max.data() + j * kBlockQ;
-    const float* sm = fl.sum.data() + j * kBlockQ;
+    const float* o = fl.o + j * fl.o_size;
+    const float* mx = fl.max + j * kBlockQ;
+    const float* sm = fl.sum + j * kBlockQ;
     for (int64_t i = 0; i < l.nr; ++i) {
       const int64_t row = band.q_start + l.r0 + i;
       const int64_t idx = Offset(g.stats, b, row, l.n);

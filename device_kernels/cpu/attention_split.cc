@@ -76,14 +76,11 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
                     int64_t kvh, int64_t group, bool dot, Workspace& ws) {
   const int64_t nr = band.q_len, m = group * nr, mp = RoundUpToTile(m), d = g.head_dim;
   for (int64_t h = 0; h < group; ++h) {
-    for (int64_t i = 0; i < nr; ++i) {
-      const T* src = query + Offset(g.q, b, band.q_start + i, kvh * group + h);
-      const int64_t col = h * nr + i;
-      if (dot) {
-        LoadBlock(src, 0, 1, d, ws.group_q + col * ws.dp, ws.dp);
-      } else {
-        for (int64_t p = 0; p < d; ++p) ws.t1[p * kBlock + col] = ToFloat(src[p]);
-      }
+    const T* rows = query + Offset(g.q, b, band.q_start, kvh * group + h);
+    if (dot) {
+      LoadBlock(rows, g.q.seq, nr, d, ws.group_q + h * nr * ws.dp, ws.dp);
+    } else {
+      TransposeRows(rows, g.q.seq, nr, d, ws.t1 + h * nr, kBlock);
     }
   }
   if (dot) {

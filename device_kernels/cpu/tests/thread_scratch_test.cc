@@ -1,0 +1,126 @@
+// The kernels' kept per-thread scratch (thread_scratch.h) and the finiteness
+// test of MaskedGemm (attention_masking.h):
+//   - every holder gets zeroed, 64-byte aligned floats, also after a previous
+//     holder of the role wrote into them;
+//   - a role released and asked for again, no larger, reuses the thread's
+//     buffer; a role already held, or a request beyond kMaxKeptScratchBytes,
+//     gets a buffer of its own; threads never share a buffer;
+//   - AllFinite finds one Inf or NaN (either sign) anywhere in a strided block,
+//     and ignores what lies between its rows.
+// Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "device_kernels/cpu/attention_masking.h"
+#include "device_kernels/cpu/thread_scratch.h"
+
+namespace {
+
+using jax_rope::cpu::kMaxKeptScratchBytes;
+using jax_rope::cpu::ScratchRole;
+using jax_rope::cpu::ThreadScratch;
+using jax_rope::cpu::attention::AllFinite;
+
+int g_failures = 0, g_checks = 0;
+
+void Check(bool ok, const char* what) {
+  ++g_checks;
+  if (!ok && ++g_failures <= 30) std::printf("FAIL: %s\n", what);
+}
+
+bool Zeroed(const ThreadScratch& s, int64_t floats) {
+  for (int64_t i = 0; i < floats; ++i) {
+    if (s.data()[i] != 0.0f || std::signbit(s.data()[i])) return false;
+  }
+  return true;
+}
+
+bool Aligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+
+void CheckKeptBuffers() {
+  const float* first = nullptr;
+  {
+    ThreadScratch a(ScratchRole::kWorkspace, 1000);
+    Check(Zeroed(a, 1000) && Aligned(a.data()), "a fresh buffer is zeroed and aligned");
+    for (int i = 0; i < 1000; ++i) a.data()[i] = std::numeric_limits<float>::quiet_NaN();
+    first = a.data();
+    ThreadScratch b(ScratchRole::kWorkspace, 10);  // the role is held: a buffer of its own
+    Check(b.data() != a.data() && Zeroed(b, 10), "a held role gives a separate zeroed buffer");
+    ThreadScratch c(ScratchRole::kLanes, 10);
+    Check(c.data() != a.data() && c.data() != b.data(), "roles have separate buffers");
+  }
+  {
+    ThreadScratch again(ScratchRole::kWorkspace, 500);
+    Check(again.data() == first, "a released role's buffer is reused");
+    Check(Zeroed(again, 500), "a reused buffer is zeroed for its next holder");
+  }
+  {
+    ThreadScratch grown(ScratchRole::kWorkspace, 5000);
+    Check(Zeroed(grown, 5000) && Aligned(grown.data()), "a grown buffer is zeroed and aligned");
+  }
+  const float* kept = nullptr;
+  {
+    ThreadScratch small(ScratchRole::kPass, 16);
+    kept = small.data();
+  }
+  const int64_t beyond = kMaxKeptScratchBytes / int64_t{sizeof(float)} + 1;
+  {
+    ThreadScratch big(ScratchRole::kPass, beyond);
+    Check(big.data() != kept, "a request beyond the kept size gets a buffer of its own");
+    Check(Zeroed(big, beyond) && Aligned(big.data()), "a large buffer is zeroed and aligned");
+  }
+  {
+    ThreadScratch small(ScratchRole::kPass, 16);
+    Check(small.data() == kept, "a large request leaves the kept buffer as it was");
+  }
+  const float* other = nullptr;
+  std::thread([&] {
+    ThreadScratch s(ScratchRole::kWorkspace, 500);
+    other = s.data();
+    Check(Zeroed(s, 500), "another thread's buffer is zeroed");
+  }).join();
+  ThreadScratch mine(ScratchRole::kWorkspace, 500);
+  Check(other != mine.data(), "threads keep separate buffers");
+}
+
+void CheckAllFinite() {
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::numeric_limits<float>::quiet_NaN()};
+  const int64_t rows = 5, cols = 37, ld = 41;
+  std::vector<float> block(rows * ld);
+  for (int64_t i = 0; i < rows * ld; ++i) {
+    block[i] = std::ldexp(float(i % 7) - 3.0f, int(i % 200) - 100);
+  }
+  block[3] = std::numeric_limits<float>::max();
+  block[4] = std::numeric_limits<float>::denorm_min();
+  Check(AllFinite(block.data(), rows, cols, ld), "a finite block (extremes included) is finite");
+  for (int64_t p = 0; p < rows; ++p) {
+    for (int64_t d = cols; d < ld; ++d) block[p * ld + d] = specials[2];
+  }
+  Check(AllFinite(block.data(), rows, cols, ld), "entries between the rows are not read");
+  for (float special : specials) {
+    for (int64_t p = 0; p < rows; ++p) {
+      for (int64_t d : {int64_t{0}, int64_t{17}, cols - 1}) {
+        const float kept = block[p * ld + d];
+        block[p * ld + d] = special;
+        Check(!AllFinite(block.data(), rows, cols, ld), "one non-finite entry is found");
+        block[p * ld + d] = kept;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  CheckKeptBuffers();
+  CheckAllFinite();
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
