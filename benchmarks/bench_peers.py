@@ -7,9 +7,9 @@ Every row times jax_rope's `flash_attention_score` on the CPU kernels against
 - fallback: jax_rope's own jax.numpy fallback (`jr.backend("fallback")`);
 and reports achieved GFLOP/s as a fraction of the FMA peak (or, for decode, GB/s of K/V
 read against the copy bandwidth), both measured in the same run (benchmarks/machine.py).
-Each row's implementations are compiled first, then timed in interleaved rounds (one call
-of each per round, the median of --repeats rounds; calls over a second are timed once), so
-that the machine's drift reaches them alike.
+jax_rope and torch are timed in interleaved rounds (one call of each per round, the median
+of --repeats rounds), so that the machine's drift reaches both alike; jax.nn and the fallback
+(dense score matrices) in rounds of their own after them; calls over a second are timed once.
 Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi and
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
 Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
@@ -189,38 +189,43 @@ def _warmed(make):
 
 
 def measure_row(row, repeats):
-    """{implementation: ms or a note string}, every implementation timed in the same
-    interleaved rounds."""
+    """{implementation: ms or a note string}. jax_rope and torch (or, for a feature row,
+    jax_rope with and without the feature) alternate in the same rounds; jax.nn and the
+    fallback, which build the dense score matrix, are timed after them in rounds of their
+    own, so that their memory churn does not land on the pair."""
     rng = np.random.default_rng(0)
     shapes = [(row.batch, row.q_len, row.heads, row.dim)] + [
         (row.batch, row.kv_len, row.kv_heads, row.dim)] * 2
     arrays = [rng.standard_normal(shape, np.float32) for shape in shapes]
     if row.extra:  # a jax_rope feature against the plain jax_rope call
-        makers = {"jax_rope": lambda: jax_rope_call(row, arrays),
-                  "plain call": lambda: jax_rope_call(row, arrays, with_extra=False)}
+        groups = [{"jax_rope": lambda: jax_rope_call(row, arrays),
+                   "plain call": lambda: jax_rope_call(row, arrays, with_extra=False)}]
     else:
-        makers = {"jax_rope": lambda: jax_rope_call(row, arrays),
-                  "torch": (lambda: torch_call(row, arrays)) if torch is not None else None,
-                  "jax.nn": lambda: jax_nn_call(row, arrays),
-                  "fallback": lambda: jax_rope_call(row, arrays, backend="fallback")}
-    calls, notes = {}, {}
-    for name, make in makers.items():
-        if make is None:
-            notes[name] = "missing: torch is not installed (pip install 'jax_rope[bench]')"
-            continue
-        call, error = _warmed(make)
-        if call is not None:
-            calls[name] = call
-        elif row.extra and name == "jax_rope" and isinstance(error, (TypeError,
-                                                                     NotImplementedError)):
-            return {"jax_rope": f"skipped: this jax_rope has no such arguments "
-                                f"({type(error).__name__}: {str(error).splitlines()[0][:90]})"}
-        elif name == "jax_rope":
-            raise error
-        else:
-            notes[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:90]}"
-    timed = time_calls(calls, repeats=repeats)
-    return {name: timed.get(name, notes.get(name)) for name in makers}
+        groups = [{"jax_rope": lambda: jax_rope_call(row, arrays),
+                   "torch": (lambda: torch_call(row, arrays)) if torch is not None else None},
+                  {"jax.nn": lambda: jax_nn_call(row, arrays),
+                   "fallback": lambda: jax_rope_call(row, arrays, backend="fallback")}]
+    results = {}
+    for makers in groups:
+        calls = {}
+        for name, make in makers.items():
+            if make is None:
+                results[name] = "missing: torch is not installed (pip install 'jax_rope[bench]')"
+                continue
+            call, error = _warmed(make)
+            if call is not None:
+                calls[name] = call
+            elif row.extra and name == "jax_rope" and isinstance(
+                    error, (TypeError, NotImplementedError)):
+                return {"jax_rope": f"skipped: this jax_rope has no such arguments "
+                                    f"({type(error).__name__}: {str(error).splitlines()[0][:90]})"}
+            elif name == "jax_rope":
+                raise error
+            else:
+                results[name] = f"failed: {type(error).__name__}: {str(error).splitlines()[0][:90]}"
+        results.update(time_calls(calls, repeats=repeats))
+    order = [name for makers in groups for name in makers]
+    return {name: results[name] for name in order}
 
 
 def describe_rate(row, ms, limits):
