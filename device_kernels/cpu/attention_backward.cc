@@ -6,7 +6,6 @@
 // tile conventions as in attention_kernels.cc.
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"

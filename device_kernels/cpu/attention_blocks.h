@@ -146,6 +146,8 @@ class Workspace {
       p += RoundUpToTile(sizes[i]);
     }
   }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
 
   const int64_t dp, dvp;  // head_dim and value_dim rounded up to kTileAlign
   float *t1, *t2;         // transposed blocks (dim x block)
