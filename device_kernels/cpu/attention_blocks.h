@@ -202,6 +202,13 @@ void LoadBlock(const T* src, int64_t stride, int64_t rows, int64_t cols, float* 
   }
 }
 
+// bfloat16 rows widen at the CPU's widest vectors (TileOps::widen_bf16): the
+// kernels convert each key/value block for every query block that reads it.
+inline void LoadBlock(const BFloat16* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                      int64_t ld) {
+  GetTileOps().widen_bf16(reinterpret_cast<const uint16_t*>(src), stride, rows, cols, dst, ld);
+}
+
 // The transpose of rows x cols of `src` into dst (cols x rows, row stride ld);
 // nothing past `rows` in dst's rows is written.
 template <typename T>
@@ -238,14 +245,21 @@ template <typename T>
 void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
                          int64_t ld) {
   if constexpr (std::is_same_v<T, BFloat16>) {
+    // Eight source rows at a time, as in TransposeRows.
+    constexpr int64_t kRows = 8;
+    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+      const int64_t nr = std::min(kRows, rows - r0);
+      for (int64_t p = 0; p < cols / 2; ++p) {
+        uint32_t* out = dst + p * ld + r0;
+        for (int64_t r = 0; r < nr; ++r) {
+          const T* in = src + (r0 + r) * stride + 2 * p;
+          out[r] = uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
+        }
+      }
+    }
     const int64_t padded = RoundUpToTile(rows);
     for (int64_t p = 0; p < cols / 2; ++p) {
-      uint32_t* out = dst + p * ld;
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* in = src + r * stride + 2 * p;
-        out[r] = uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
-      }
-      for (int64_t r = rows; r < padded; ++r) out[r] = 0;
+      for (int64_t r = rows; r < padded; ++r) dst[p * ld + r] = 0;
     }
   }
 }

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <limits>
 
+#include "device_kernels/cpu/attention_tiles.h"
+
 #define JAX_ROPE_INLINE inline __attribute__((always_inline))
 
 namespace jax_rope::cpu::tile_simd {
@@ -74,6 +76,23 @@ JAX_ROPE_INLINE void Exp(typename Isa::V& x) {
   const VI bits = (__builtin_convertvector(n, VI) + 127) << 23;
   const V result = y * (V)bits;  // a vector cast reinterprets the bits
   x = x < lo ? V{} : result;
+}
+
+// bfloat16 bits to float32 (the bits in the upper half), zero padded to
+// RoundUpToTile(cols): plain loops that the compiler vectorizes at each
+// instruction set's width.
+JAX_ROPE_INLINE void WidenBf16(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
+                               float* dst, int64_t ld) {
+  const int64_t padded = RoundUpToTile(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* in = src + r * stride;
+    float* out = dst + r * ld;
+    for (int64_t c = 0; c < cols; ++c) {
+      const uint32_t bits = uint32_t{in[c]} << 16;
+      std::memcpy(out + c, &bits, sizeof bits);
+    }
+    for (int64_t c = cols; c < padded; ++c) out[c] = 0.0f;
+  }
 }
 
 template <class Isa>

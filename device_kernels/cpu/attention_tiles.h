@@ -1,7 +1,7 @@
-// Float32 tile routines behind the attention kernels: a register-blocked GEMM
-// and the softmax steps over score tiles. They are compiled for AVX-512, AVX2
-// and baseline x86-64 and picked once at run time, so one binary runs
-// everywhere and uses the widest vectors the CPU has.
+// Float32 tile routines behind the attention kernels: a register-blocked GEMM,
+// the softmax steps over score tiles and the widening of bfloat16 blocks. They
+// are compiled for AVX-512, AVX2 and baseline x86-64 and picked once at run
+// time, so one binary runs everywhere and uses the widest vectors the CPU has.
 //
 // Buffer convention: row-major, leading dimensions in floats. Column counts
 // are rounded up to kTileAlign inside the routines, so every operand row must
@@ -68,6 +68,11 @@ struct TileOps {
   // readable up to column RoundUpToTile(n), which C is written to.
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+
+  // rows x cols of bfloat16 bits (row stride `stride`) to float32 rows of
+  // dst (row stride ld), exactly, zero columns up to RoundUpToTile(cols).
+  void (*widen_bf16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
+                     float* dst, int64_t ld);
 };
 
 // The routines for the best instruction set of this CPU.
