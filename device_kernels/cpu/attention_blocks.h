@@ -202,11 +202,16 @@ void LoadBlock(const T* src, int64_t stride, int64_t rows, int64_t cols, float* 
   }
 }
 
-// bfloat16 rows widen at the CPU's widest vectors (TileOps::widen_bf16): the
-// kernels convert each key/value block for every query block that reads it.
+// 16-bit rows widen at the CPU's widest vectors (TileOps::widen_bf16 and
+// widen_f16): the kernels convert each key/value block for every query block
+// that reads it.
 inline void LoadBlock(const BFloat16* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                       int64_t ld) {
   GetTileOps().widen_bf16(reinterpret_cast<const uint16_t*>(src), stride, rows, cols, dst, ld);
+}
+inline void LoadBlock(const Float16* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                      int64_t ld) {
+  GetTileOps().widen_f16(reinterpret_cast<const uint16_t*>(src), stride, rows, cols, dst, ld);
 }
 
 // The transpose of rows x cols of `src` into dst (cols x rows, row stride ld);

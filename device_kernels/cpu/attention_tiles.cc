@@ -56,11 +56,15 @@ using namespace tile_simd;
   }                                                                                            \
   attr void WidenBf16##Isa(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,    \
                            float* dst, int64_t ld) {                                           \
-    WidenBf16(src, stride, rows, cols, dst, ld);                                               \
+    WidenRows<BFloat16>(src, stride, rows, cols, dst, ld);                                     \
+  }                                                                                            \
+  attr void WidenF16##Isa(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,     \
+                          float* dst, int64_t ld) {                                            \
+    WidenRows<Float16>(src, stride, rows, cols, dst, ld);                                      \
   }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
                                    DotScores##Isa, SoftmaxRows##Isa, nullptr,                  \
-                                   WidenBf16##Isa};
+                                   WidenBf16##Isa, WidenF16##Isa};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))))
 JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))))
@@ -70,7 +74,7 @@ JAX_ROPE_TILE_OPS(Sse2, )
 // AVX-512 routines plus the bf16 GEMM (attention_bf16.cc).
 constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,      SoftmaxStepAvx512, SoftmaxGradAvx512,
                                     DotScoresAvx512, SoftmaxRowsAvx512, Bf16GemmAvx512,
-                                    WidenBf16Avx512};
+                                    WidenBf16Avx512, WidenF16Avx512};
 
 }  // namespace
 

@@ -1,5 +1,5 @@
 // Float32 tile routines behind the attention kernels: a register-blocked GEMM,
-// the softmax steps over score tiles and the widening of bfloat16 blocks. They
+// the softmax steps over score tiles and the widening of 16-bit blocks. They
 // are compiled for AVX-512, AVX2 and baseline x86-64 and picked once at run
 // time, so one binary runs everywhere and uses the widest vectors the CPU has.
 //
@@ -69,10 +69,13 @@ struct TileOps {
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
 
-  // rows x cols of bfloat16 bits (row stride `stride`) to float32 rows of
-  // dst (row stride ld), exactly, zero columns up to RoundUpToTile(cols).
+  // rows x cols of bfloat16 (widen_bf16) or IEEE float16 (widen_f16) bits,
+  // row stride `stride`, to float32 rows of dst (row stride ld), exactly (as
+  // float_convert.h's ToFloat), zero columns up to RoundUpToTile(cols).
   void (*widen_bf16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
                      float* dst, int64_t ld);
+  void (*widen_f16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
+                    float* dst, int64_t ld);
 };
 
 // The routines for the best instruction set of this CPU.

@@ -1,5 +1,5 @@
 // Each instruction set's tile routines (attention_tiles.h: the GEMM, the
-// dot-product scores, the softmax steps, the bfloat16 GEMM and widening) against naive
+// dot-product scores, the softmax steps, the bfloat16 GEMM, 16-bit widening) against naive
 // double-precision evaluations, on edge shapes of every register block, masked
 // (-inf) entries, fully masked columns and prior softmax state. An instruction
 // set this CPU lacks is reported and left out. Built and run by ctest (CMake
@@ -108,39 +108,32 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
   std::printf("tile ops %s: checked (softmax_step max rel err %.2e)\n", isa, worst);
 }
 
-// widen_bf16 against the bits: every bfloat16 pattern (NaN, Inf, subnormal and
-// negative zero included) on ragged rows, zero padding, nothing else written.
-void CheckWidenBf16(const TileOps& ops, const char* isa, std::mt19937& rng) {
+// widen_bf16 and widen_f16 against float_convert.h's scalar ToFloat, bit for
+// bit: every 16-bit pattern (NaN, Inf, subnormal and negative zero included)
+// on ragged rows, zero padding, nothing past it written.
+template <class T>
+void CheckWiden(void (*widen)(const uint16_t*, int64_t, int64_t, int64_t, float*, int64_t),
+                const std::string& what, std::mt19937& rng) {
   for (int64_t cols : {1, 7, 16, 37, 128}) {
     const int64_t rows = 5, stride = cols + 3, ld = RoundUpToTile(cols) + 8;
+    const bool every_pattern = cols == 128;
     std::vector<uint16_t> src(rows * stride);
-    for (uint16_t& x : src) x = static_cast<uint16_t>(rng());
-    if (cols == 128) {  // all 65536 patterns across the calls below
-      for (int64_t i = 0; i < rows * stride; ++i) src[i] = static_cast<uint16_t>(i);
-    }
     std::vector<float> dst(rows * ld, 7.0f);
-    for (int64_t base = 0; base < (cols == 128 ? 65536 : 1); base += rows * stride) {
+    for (int64_t base = 0; base < (every_pattern ? 65536 : 1); base += rows * stride) {
       for (int64_t i = 0; i < rows * stride; ++i) {
-        if (cols == 128) src[i] = static_cast<uint16_t>(base + i);
+        src[i] = static_cast<uint16_t>(every_pattern ? base + i : rng());
       }
-      ops.widen_bf16(src.data(), stride, rows, cols, dst.data(), ld);
+      widen(src.data(), stride, rows, cols, dst.data(), ld);
       bool ok = true;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < ld; ++c) {
-          uint32_t got;
-          std::memcpy(&got, &dst[r * ld + c], sizeof got);
-          const float want_pad = c < RoundUpToTile(cols) ? 0.0f : 7.0f;
-          uint32_t want;
-          if (c < cols) {
-            want = uint32_t{src[r * stride + c]} << 16;
-          } else {
-            std::memcpy(&want, &want_pad, sizeof want);
-          }
-          ok = ok && got == want;
+          const float want = c < cols ? ToFloat(T{src[r * stride + c]})
+                                      : (c < RoundUpToTile(cols) ? 0.0f : 7.0f);
+          ok = ok && std::memcmp(&dst[r * ld + c], &want, sizeof want) == 0;
         }
       }
       ++g_checks;
-      if (!ok) Fail(std::string("widen_bf16 ") + isa + " cols " + std::to_string(cols));
+      if (!ok) Fail(what + " cols " + std::to_string(cols));
     }
   }
 }
@@ -268,7 +261,8 @@ void CheckTileOps() {
       std::printf("tile ops %s: bf16 dot products checked\n", names[which]);
     }
     CheckSoftmaxOps(*ops, names[which], rng);
-    CheckWidenBf16(*ops, names[which], rng);
+    CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + names[which], rng);
+    CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + names[which], rng);
   }
 }
 
