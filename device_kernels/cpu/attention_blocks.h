@@ -214,33 +214,43 @@ inline void LoadBlock(const Float16* src, int64_t stride, int64_t rows, int64_t 
   GetTileOps().widen_f16(reinterpret_cast<const uint16_t*>(src), stride, rows, cols, dst, ld);
 }
 
+// dst[l * ld + r] = element(r, l) for source rows r < rows and lines l <
+// lines, zero for r from rows up to RoundUpToTile(rows) when `pad`.
+template <typename Out, typename Element>
+void TransposeBlock(int64_t rows, int64_t lines, Out* dst, int64_t ld, bool pad,
+                    const Element& element) {
+  // Eight source rows at a time: rows a page apart share L1 sets, and a
+  // line-by-line walk down all of them would miss on every element (as would
+  // a row-by-row walk writing one element to each of `lines` cache lines).
+  constexpr int64_t kRows = 8;
+  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+    const int64_t nr = std::min(kRows, rows - r0);
+    for (int64_t l = 0; l < lines; ++l) {
+      Out* out = dst + l * ld + r0;
+      for (int64_t r = 0; r < nr; ++r) out[r] = element(r0 + r, l);
+    }
+  }
+  const int64_t padded = pad ? RoundUpToTile(rows) : rows;
+  for (int64_t l = 0; l < lines; ++l) {
+    for (int64_t r = rows; r < padded; ++r) dst[l * ld + r] = Out{0};
+  }
+}
+
 // The transpose of rows x cols of `src` into dst (cols x rows, row stride ld);
 // nothing past `rows` in dst's rows is written.
 template <typename T>
 void TransposeRows(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                    int64_t ld) {
-  // Eight source rows at a time: rows a page apart share L1 sets, and a
-  // column-by-column walk down all of them would miss on every element (as
-  // would a row-by-row walk writing one element to each of cols lines).
-  constexpr int64_t kRows = 8;
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int64_t nr = std::min(kRows, rows - r0);
-    for (int64_t c = 0; c < cols; ++c) {
-      float* out = dst + c * ld + r0;
-      for (int64_t r = 0; r < nr; ++r) out[r] = ToFloat(src[(r0 + r) * stride + c]);
-    }
-  }
+  TransposeBlock(rows, cols, dst, ld, false,
+                 [&](int64_t r, int64_t c) { return ToFloat(src[r * stride + c]); });
 }
 
 // The transpose (cols x rows, row stride ld), zero columns up to RoundUpToTile(rows).
 template <typename T>
 void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                     int64_t ld) {
-  TransposeRows(src, stride, rows, cols, dst, ld);
-  const int64_t padded = RoundUpToTile(rows);
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t r = rows; r < padded; ++r) dst[c * ld + r] = 0.0f;
-  }
+  TransposeBlock(rows, cols, dst, ld, true,
+                 [&](int64_t r, int64_t c) { return ToFloat(src[r * stride + c]); });
 }
 
 // The transpose of a block of rows x cols (cols even) as column pairs for
@@ -250,22 +260,10 @@ template <typename T>
 void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
                          int64_t ld) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    // Eight source rows at a time, as in TransposeRows.
-    constexpr int64_t kRows = 8;
-    for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-      const int64_t nr = std::min(kRows, rows - r0);
-      for (int64_t p = 0; p < cols / 2; ++p) {
-        uint32_t* out = dst + p * ld + r0;
-        for (int64_t r = 0; r < nr; ++r) {
-          const T* in = src + (r0 + r) * stride + 2 * p;
-          out[r] = uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
-        }
-      }
-    }
-    const int64_t padded = RoundUpToTile(rows);
-    for (int64_t p = 0; p < cols / 2; ++p) {
-      for (int64_t r = rows; r < padded; ++r) dst[p * ld + r] = 0;
-    }
+    TransposeBlock(rows, cols / 2, dst, ld, true, [&](int64_t r, int64_t p) {
+      const T* in = src + r * stride + 2 * p;
+      return uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
+    });
   }
 }
 
