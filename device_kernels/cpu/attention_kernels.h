@@ -160,7 +160,8 @@ void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
 // pass 2 runs (sequence, kv head) items merging the chunks in chunk order and
 // writing out and the statistics as AttentionForward does. Neither the split
 // nor the merge order depends on how the items are divided among threads.
-// groups == 0: not applicable (use AttentionForward).
+// groups == 0: not applicable, or nothing to gain (N1 == N2 and every sequence
+// within one chunk); use AttentionForward.
 constexpr int64_t kSplitKeys = 1024;
 
 struct SplitForwardPlan {

@@ -213,6 +213,9 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
 SplitForwardPlan PlanSplitForward(const AttentionGeometry& g, const SequenceBand* seqs) {
   const SplitItems items(g, seqs);
   if (!items.applicable()) return {};
+  // One head per group and one chunk per sequence: nothing is shared or split,
+  // the plain forward does the same work without the scratch and the merge.
+  if (items.group() == 1 && items.size() == g.batch * g.kv_heads) return {};
   return {items.size(), g.batch * g.kv_heads, std::max<int64_t>(items.size() * items.slot(), 1)};
 }
 
