@@ -19,18 +19,30 @@ def timeit(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def time_calls(calls, *, repeats: int, slow_s: float = 1.0) -> dict:
+def time_calls(calls, *, repeats: int, slow_s: float = 1.0, burst_s: float = 0.03) -> dict:
     """Median wall time in milliseconds of each `calls[name]()` (which must block until its
     result is ready and has been called once already, so it is compiled), timed in `repeats`
-    interleaved rounds of one call each: the machine's drift over a row (this VM's speed
-    moves by 10-15% within a minute) reaches every implementation alike. A call slower than
-    `slow_s` in the first round is timed once."""
-    times = {name: [] for name in calls}
-    for round_ in range(repeats):
+    interleaved rounds: the machine's drift over a row (this VM's speed moves by 10-15%
+    within a minute) reaches every implementation alike. A first round times one call of
+    each: a call slower than `slow_s` keeps that single time; a call shorter than `burst_s`
+    is then timed as bursts of calls lasting about `burst_s`, each after one untimed call, so
+    that what the previous implementation leaves behind (its threads still spinning, its
+    memory churn) lands on the untimed call rather than on a sub-millisecond measurement."""
+    first = {}
+    for name, call in calls.items():
+        start = time.perf_counter()
+        call()
+        first[name] = time.perf_counter() - start
+    times = {name: [t] if t >= slow_s else [] for name, t in first.items()}
+    for _ in range(repeats):
         for name, call in calls.items():
-            if round_ > 0 and times[name][0] >= slow_s:
+            if first[name] >= slow_s:
                 continue
+            count = max(1, min(1000, round(burst_s / max(first[name], 1e-6))))
+            if count > 1:
+                call()
             start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
+            for _ in range(count):
+                call()
+            times[name].append((time.perf_counter() - start) / count)
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
