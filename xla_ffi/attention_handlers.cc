@@ -55,7 +55,7 @@ double PairWork(const Decoded& d, double per_pair) {
 }
 
 // Items per chunk for n items doing `work` flops in all: each chunk sets up a
-// kernel workspace (zeroed) and may wake a thread, which a small call would
+// kernel workspace and may wake a thread, which a small call would
 // otherwise spend more time on than on its tiles (32 chunks of a few
 // microseconds each); chunks of at least kChunkWork flops, and ParallelFor's
 // threads x 16 chunks at most for large calls.
@@ -65,8 +65,8 @@ int64_t GrainFor(int64_t n, double work) {
   return (n + int64_t(chunks) - 1) / int64_t(chunks);
 }
 
-// A pass's float32 scratch of `floats` (zeroed; the calling thread's kept
-// buffer when small, cpu::ThreadScratch), or an FFI error when out of memory.
+// A pass's float32 scratch of `floats` (undefined contents; the calling thread's
+// kept buffer when small, cpu::ThreadScratch), or an FFI error when out of memory.
 ffi::Error PassScratch(std::optional<cpu::ThreadScratch>& scratch, int64_t floats) {
   try {
     scratch.emplace(cpu::ScratchRole::kPass, floats);

@@ -130,7 +130,7 @@ class WorkItems {
   std::vector<int64_t> ends_;  // cumulative item counts per sequence
 };
 
-// Float32 scratch of one call (zeroed, 64-byte aligned, O(block x head_dim)),
+// Float32 scratch of one call (undefined contents, 64-byte aligned, O(block x head_dim)),
 // kept by the thread for its next call (thread_scratch.h).
 class Workspace {
  public:

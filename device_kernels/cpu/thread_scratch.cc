@@ -1,7 +1,8 @@
 #include "device_kernels/cpu/thread_scratch.h"
 
 #include <algorithm>
-#include <cstring>
+#include <atomic>
+#include <limits>
 #include <new>
 
 namespace jax_rope::cpu {
@@ -25,6 +26,8 @@ struct KeptBuffers {
 
 thread_local KeptBuffers kept;
 
+std::atomic<bool> poison{false};
+
 }  // namespace
 
 ThreadScratch::ThreadScratch(ScratchRole role, int64_t floats) {
@@ -43,7 +46,9 @@ ThreadScratch::ThreadScratch(ScratchRole role, int64_t floats) {
   } else {
     data_ = new (kAlign) float[floats];
   }
-  std::memset(data_, 0, floats * sizeof(float));
+  if (poison.load(std::memory_order_relaxed)) {
+    std::fill(data_, data_ + floats, std::numeric_limits<float>::quiet_NaN());
+  }
 }
 
 ThreadScratch::~ThreadScratch() {
@@ -53,5 +58,7 @@ ThreadScratch::~ThreadScratch() {
     ::operator delete[](data_, kAlign);
   }
 }
+
+void PoisonScratchForTesting(bool on) { poison.store(on, std::memory_order_relaxed); }
 
 }  // namespace jax_rope::cpu

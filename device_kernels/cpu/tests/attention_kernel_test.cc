@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/tests/attention_cases.h"
 #include "device_kernels/cpu/tests/attention_reference.h"
+#include "device_kernels/cpu/thread_scratch.h"
 #include "device_kernels/cpu/threefry.h"
 
 namespace {
@@ -28,6 +30,8 @@ namespace {
 using namespace jax_rope::cpu;
 using namespace jax_rope::cpu::test;
 using jax_rope::Strides;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 int g_failures = 0;
 int g_checks = 0;
@@ -161,7 +165,7 @@ void RunProblem(const Problem& p, uint32_t seed) {
     std::vector<T> out1 = Prefilled<T>(o_inside, 0.0f), out2 = out1;
     std::vector<float> mx1 = Prefilled<float>(s_inside, kMaskValue), mx2 = mx1;
     std::vector<float> sm1 = Prefilled<float>(s_inside, kDeadRowSum), sm2 = sm1;
-    std::vector<float> scratch(split.scratch, 1e30f), scratch2 = scratch;
+    std::vector<float> scratch(split.scratch, kNaN), scratch2 = scratch;
     AttentionForwardArgs<T> f1{q.data(), k.data(), v.data(), out1.data(), mx1.data(), sm1.data()};
     AttentionForwardArgs<T> f2{q.data(), k.data(), v.data(), out2.data(), mx2.data(), sm2.data()};
     RunChunks(split.items, [&](int64_t b, int64_t e) {
@@ -206,7 +210,7 @@ void RunProblem(const Problem& p, uint32_t seed) {
   const auto v_inside = RowsInside(p, g.v, t.v_size, p.n2, p.dv, true);
   std::vector<T> dq = Prefilled<T>(q_inside, 0.0f), dk = Prefilled<T>(k_inside, 0.0f);
   std::vector<T> dv = Prefilled<T>(v_inside, 0.0f);
-  std::vector<float> delta(t.stat_size, 0.0f);
+  std::vector<float> delta(t.stat_size, kNaN);  // as undefined as the handlers' scratch
   AttentionBackwardArgs<T> ba{q.data(),    k.data(),    v.data(),  out.data(), dout.data(),
                               smax.data(), ssum.data(), dq.data(), dk.data(),  dv.data()};
   RunChunks(items, [&](int64_t b, int64_t e) {
@@ -405,6 +409,7 @@ int main(int argc, char** argv) {
     Bench();
     return 0;
   }
+  PoisonScratchForTesting(true);  // a kernel reading scratch it did not write shows NaN
   CheckThreefry();
   uint32_t seed = 1;
   for (const Problem& p : Cases()) {

@@ -1,7 +1,9 @@
 // The kernels' kept per-thread scratch (thread_scratch.h) and the finiteness
 // test of MaskedGemm (attention_masking.h):
-//   - every holder gets zeroed, 64-byte aligned floats, also after a previous
-//     holder of the role wrote into them;
+//   - every holder gets 64-byte aligned floats; with PoisonScratchForTesting on,
+//     all of them quiet NaN, also after a previous holder of the role wrote into
+//     them; with it off, a reused buffer comes back as its last holder left it
+//     (no clearing pass);
 //   - a role released and asked for again, no larger, reuses the thread's
 //     buffer; a role already held, or a request beyond kMaxKeptScratchBytes,
 //     gets a buffer of its own; threads never share a buffer;
@@ -32,9 +34,9 @@ void Check(bool ok, const char* what) {
   if (!ok && ++g_failures <= 30) std::printf("FAIL: %s\n", what);
 }
 
-bool Zeroed(const ThreadScratch& s, int64_t floats) {
+bool Poisoned(const ThreadScratch& s, int64_t floats) {
   for (int64_t i = 0; i < floats; ++i) {
-    if (s.data()[i] != 0.0f || std::signbit(s.data()[i])) return false;
+    if (!std::isnan(s.data()[i])) return false;
   }
   return true;
 }
@@ -42,26 +44,36 @@ bool Zeroed(const ThreadScratch& s, int64_t floats) {
 bool Aligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 void CheckKeptBuffers() {
+  jax_rope::cpu::PoisonScratchForTesting(true);
   const float* first = nullptr;
   {
     ThreadScratch a(ScratchRole::kWorkspace, 1000);
-    Check(Zeroed(a, 1000) && Aligned(a.data()), "a fresh buffer is zeroed and aligned");
-    for (int i = 0; i < 1000; ++i) a.data()[i] = std::numeric_limits<float>::quiet_NaN();
+    Check(Poisoned(a, 1000) && Aligned(a.data()), "a fresh buffer is poisoned and aligned");
+    for (int i = 0; i < 1000; ++i) a.data()[i] = 1.0f;
     first = a.data();
     ThreadScratch b(ScratchRole::kWorkspace, 10);  // the role is held: a buffer of its own
-    Check(b.data() != a.data() && Zeroed(b, 10), "a held role gives a separate zeroed buffer");
+    Check(b.data() != a.data() && Poisoned(b, 10), "a held role gives a separate poisoned buffer");
     ThreadScratch c(ScratchRole::kLanes, 10);
     Check(c.data() != a.data() && c.data() != b.data(), "roles have separate buffers");
   }
   {
     ThreadScratch again(ScratchRole::kWorkspace, 500);
     Check(again.data() == first, "a released role's buffer is reused");
-    Check(Zeroed(again, 500), "a reused buffer is zeroed for its next holder");
+    Check(Poisoned(again, 500), "a reused buffer is poisoned for its next holder");
   }
   {
     ThreadScratch grown(ScratchRole::kWorkspace, 5000);
-    Check(Zeroed(grown, 5000) && Aligned(grown.data()), "a grown buffer is zeroed and aligned");
+    Check(Poisoned(grown, 5000) && Aligned(grown.data()), "a grown buffer is poisoned and aligned");
+    for (int i = 0; i < 5000; ++i) grown.data()[i] = float(i);
   }
+  jax_rope::cpu::PoisonScratchForTesting(false);
+  {
+    ThreadScratch again(ScratchRole::kWorkspace, 5000);
+    bool kept_as_left = true;
+    for (int i = 0; i < 5000; ++i) kept_as_left &= again.data()[i] == float(i);
+    Check(kept_as_left, "unpoisoned, a reused buffer is handed over as left (no clearing pass)");
+  }
+  jax_rope::cpu::PoisonScratchForTesting(true);
   const float* kept = nullptr;
   {
     ThreadScratch small(ScratchRole::kPass, 16);
@@ -71,7 +83,7 @@ void CheckKeptBuffers() {
   {
     ThreadScratch big(ScratchRole::kPass, beyond);
     Check(big.data() != kept, "a request beyond the kept size gets a buffer of its own");
-    Check(Zeroed(big, beyond) && Aligned(big.data()), "a large buffer is zeroed and aligned");
+    Check(Poisoned(big, beyond) && Aligned(big.data()), "a large buffer is poisoned and aligned");
   }
   {
     ThreadScratch small(ScratchRole::kPass, 16);
@@ -81,7 +93,7 @@ void CheckKeptBuffers() {
   std::thread([&] {
     ThreadScratch s(ScratchRole::kWorkspace, 500);
     other = s.data();
-    Check(Zeroed(s, 500), "another thread's buffer is zeroed");
+    Check(Poisoned(s, 500), "another thread's buffer is poisoned");
   }).join();
   ThreadScratch mine(ScratchRole::kWorkspace, 500);
   Check(other != mine.data(), "threads keep separate buffers");
