@@ -58,18 +58,17 @@ class BiasReader {
   float neg_slope_ = 0.0f;
 };
 
-// fn(i, j, element) for the positions of tile rows [r0, r0 + nr) x columns
-// [c0, c0 + nc) inside the band (i, j local to the tile), by stored rows.
-// transposed: keys along the stored rows.
+// fn(r, lo, hi) for each stored row r of a tile of rows [r0, r0 + nr) x
+// columns [c0, c0 + nc) with the row's band positions at elements [lo, hi).
+// transposed: keys along the stored rows (stored row r is key c0 + r, element
+// e query r0 + e); else stored row r is query r0 + r, element e key c0 + e.
 template <typename Fn>
-inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
-                             float* s, int64_t ld, bool transposed, const Fn& fn) {
+inline void ForBandRows(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                        bool transposed, const Fn& fn) {
   if (!transposed) {
     for (int64_t i = 0; i < nr; ++i) {
       const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
-      const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
-      float* row = s + i * ld;
-      for (int64_t j = lo; j < hi; ++j) fn(i, j, row[j]);
+      fn(i, lo, std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc));
     }
     return;
   }
@@ -77,15 +76,63 @@ inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c
     int64_t first, last;
     band.QueryRange(c0 + j, 1, &first, &last);
     const int64_t lo = std::clamp<int64_t>(first - r0, 0, nr);
-    const int64_t hi = std::clamp<int64_t>(last - r0 + 1, lo, nr);
-    float* row = s + j * ld;
-    for (int64_t i = lo; i < hi; ++i) fn(i, j, row[i]);
+    fn(j, lo, std::clamp<int64_t>(last - r0 + 1, lo, nr));
+  }
+}
+
+// fn(i, j, element) for the positions of the tile inside the band (i, j local
+// to the tile), by stored rows.
+template <typename Fn>
+inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                             float* s, int64_t ld, bool transposed, const Fn& fn) {
+  ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t r, int64_t lo, int64_t hi) {
+    float* row = s + r * ld;
+    if (transposed) {
+      for (int64_t e = lo; e < hi; ++e) fn(e, r, row[e]);
+    } else {
+      for (int64_t e = lo; e < hi; ++e) fn(r, e, row[e]);
+    }
+  });
+}
+
+// ALiBi's (-slope) * a, a = float(|dist|) (its sqrt for kAlibiSqrt), added to
+// the band positions of one stored row whose distances run base + kStep * e
+// (kStep +1 or -1), in int32 lanes: the loop vectorises, and the value is the
+// same float as the int64 reader's for every distance that fits.
+template <BiasKind K, int32_t kStep>
+inline void AddAlibiRow(float* row, int32_t lo, int32_t hi, int32_t base, float neg_slope,
+                        float scale, bool after_scale) {
+  for (int32_t e = lo; e < hi; ++e) {
+    const int32_t dist = base + kStep * e;
+    float a = static_cast<float>(dist < 0 ? -dist : dist);
+    if constexpr (K == BiasKind::kAlibiSqrt) a = std::sqrt(a);
+    row[e] = (after_scale ? scale * row[e] : row[e]) + neg_slope * a;
   }
 }
 
 template <BiasKind K, typename T>
 void AddBiasTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_t n, int64_t r0,
                  int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld, bool transposed) {
+  if constexpr (K == BiasKind::kAlibi || K == BiasKind::kAlibiSqrt) {
+    // dist = key - query + shift: in int32 lanes when every distance of the tile fits.
+    const int64_t shift = int64_t{g.bias.offsets[2 * b + 1]} - int64_t{g.bias.offsets[2 * b]};
+    const int64_t low = c0 - (r0 + nr) + shift, high = c0 + nc - r0 + shift;
+    constexpr int64_t kFits = int64_t{1} << 30;
+    if (-kFits < low && high < kFits) {
+      const float neg_slope = -static_cast<const float*>(g.bias.data)[b * g.bias.slope_batch + n];
+      ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t r, int64_t lo, int64_t hi) {
+        float* row = s + r * ld;
+        if (transposed) {  // key c0 + r, queries r0 + e
+          AddAlibiRow<K, -1>(row, int32_t(lo), int32_t(hi), int32_t(c0 + r - r0 + shift),
+                             neg_slope, g.scale, g.bias.after_scale);
+        } else {  // query r0 + r, keys c0 + e
+          AddAlibiRow<K, 1>(row, int32_t(lo), int32_t(hi), int32_t(c0 - (r0 + r) + shift),
+                            neg_slope, g.scale, g.bias.after_scale);
+        }
+      });
+      return;
+    }
+  }
   const BiasReader<K, T> bias(g.bias, band, b, n);
   if (g.bias.after_scale) {
     const float scale = g.scale;
@@ -128,8 +175,6 @@ inline float ScoreScale(const AttentionGeometry& g) {
   return g.bias.kind != BiasKind::kNone && g.bias.after_scale ? 1.0f : g.scale;
 }
 
-constexpr int64_t kMaxKeepRow = 256;
-
 // r = keep ? keep_scale : 0 at the band positions of the tile (same layout as
 // the score tile); other positions are not written.
 inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_t n,
@@ -139,22 +184,19 @@ inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, in
   const uint32_t row_word = dr.rows[b * g.q_heads + n];
   const float kept = dr.keep_scale;
   if (dr.mode == DropoutMode::kKey) {
-    // Whole tile rows in vector lanes (positions outside the band are written too:
-    // only band positions are read); transposed tiles through one row of scratch.
+    // Whole stored rows in vector lanes (positions outside the band are written
+    // too: only band positions are read).
     const uint32_t k0 = dr.keys[2 * b], k1 = dr.keys[2 * b + 1], threshold = dr.threshold;
-    float row[kMaxKeepRow];
-    for (int64_t i = 0; i < nr; ++i) {
-      const uint32_t word = row_word + static_cast<uint32_t>(r0 + i);
-      if (!transposed && nc <= kMaxKeepRow) {
-        KeepRow(k0, k1, word, static_cast<uint32_t>(c0), nc, threshold, kept, r + i * ld);
-        continue;
+    const uint32_t first_word = row_word + static_cast<uint32_t>(r0);
+    if (transposed) {  // stored row j: key c0 + j, queries r0 .. r0 + nr - 1
+      for (int64_t j = 0; j < nc; ++j) {
+        KeepRun(k0, k1, first_word, static_cast<uint32_t>(c0 + j), true, nr, threshold, kept,
+                r + j * ld);
       }
-      for (int64_t j0 = 0; j0 < nc; j0 += kMaxKeepRow) {
-        const int64_t count = std::min<int64_t>(kMaxKeepRow, nc - j0);
-        KeepRow(k0, k1, word, static_cast<uint32_t>(c0 + j0), count, threshold, kept, row);
-        for (int64_t j = 0; j < count; ++j) {
-          r[transposed ? (j0 + j) * ld + i : i * ld + j0 + j] = row[j];
-        }
+    } else {
+      for (int64_t i = 0; i < nr; ++i) {
+        KeepRun(k0, k1, first_word + static_cast<uint32_t>(i), static_cast<uint32_t>(c0), false,
+                nc, threshold, kept, r + i * ld);
       }
     }
   } else {
@@ -168,21 +210,14 @@ inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, in
   }
 }
 
-// s *= r at the band positions of the tile.
+// s *= r at the band positions of the tile (r laid out as s).
 inline void ApplyKeep(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s,
                       const float* r, int64_t ld, bool transposed) {
-  if (transposed) {
-    ForBandPositions(band, r0, nr, c0, nc, s, ld, true,
-                     [&](int64_t i, int64_t j, float& x) { x *= r[j * ld + i]; });
-    return;
-  }
-  for (int64_t i = 0; i < nr; ++i) {  // a plain row loop: vectorised
-    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
-    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
-    float* __restrict__ row = s + i * ld;
-    const float* __restrict__ keep = r + i * ld;
-    for (int64_t j = lo; j < hi; ++j) row[j] *= keep[j];
-  }
+  ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t row, int64_t lo, int64_t hi) {
+    float* __restrict__ x = s + row * ld;  // a plain row loop: vectorised
+    const float* __restrict__ keep = r + row * ld;
+    for (int64_t e = lo; e < hi; ++e) x[e] *= keep[e];
+  });
 }
 
 }  // namespace jax_rope::cpu::attention
