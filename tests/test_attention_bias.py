@@ -383,12 +383,15 @@ def test_example_3_sqrt(backend):
     np.testing.assert_allclose(s[0, 2], -0.70710678, rtol=1e-7)
 
 
-@pytest.mark.parametrize("offsets", [(3, -7), (-(2 ** 31), 2 ** 31 - 1)])
+# The CPU kernel's tiles take int32 lanes while every |dist| of the tile stays below 2^30,
+# else the exact int64 path: both sides of that bound, and far beyond int32.
+@pytest.mark.parametrize("offsets", [(3, -7), (0, 2 ** 30 - 20), (5, 2 ** 30),
+                                     (-(2 ** 31), 2 ** 31 - 1)])
 @pytest.mark.parametrize("pse_type", [2, 3])
 def test_alibi_bias_exact(backend, pse_type, offsets):
     """With q = 0 the scores are the ALiBi bias itself, bit for bit the spec's float32
-    arithmetic: dist exact in integers (beyond int32 here), |dist| rounded to float32, float32
-    sqrt, one multiply by -slope; padded (every batch) and TND mode 8 (sequence 0 only)."""
+    arithmetic: dist exact in integers, |dist| rounded to float32, float32 sqrt, one multiply
+    by -slope; padded (every batch) and TND mode 8 (sequence 0 only)."""
     rng = rng_for("exact", pse_type, offsets)
     off = dict(q_start_idx=offsets[0], kv_start_idx=offsets[1])
     slopes = rng.uniform(0.01, 1.0, (2, 3)).astype(np.float32)
