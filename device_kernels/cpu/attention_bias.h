@@ -95,18 +95,18 @@ inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c
   });
 }
 
-// ALiBi's (-slope) * a, a = float(|dist|) (its sqrt for kAlibiSqrt), added to
+// x = scale * x + (-slope) * a, a = float(|dist|) (its sqrt for kAlibiSqrt), at
 // the band positions of one stored row whose distances run base + kStep * e
 // (kStep +1 or -1), in int32 lanes: the loop vectorises, and the value is the
 // same float as the int64 reader's for every distance that fits.
 template <BiasKind K, int32_t kStep>
 inline void AddAlibiRow(float* row, int32_t lo, int32_t hi, int32_t base, float neg_slope,
-                        float scale, bool after_scale) {
+                        float scale) {
   for (int32_t e = lo; e < hi; ++e) {
     const int32_t dist = base + kStep * e;
     float a = static_cast<float>(dist < 0 ? -dist : dist);
     if constexpr (K == BiasKind::kAlibiSqrt) a = std::sqrt(a);
-    row[e] = (after_scale ? scale * row[e] : row[e]) + neg_slope * a;
+    row[e] = scale * row[e] + neg_slope * a;
   }
 }
 
@@ -114,20 +114,21 @@ template <BiasKind K, typename T>
 void AddBiasTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_t n, int64_t r0,
                  int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld, bool transposed) {
   if constexpr (K == BiasKind::kAlibi || K == BiasKind::kAlibiSqrt) {
-    // dist = key - query + shift: in int32 lanes when every distance of the tile fits.
+    // dist = key - query + shift: in int32 lanes when every distance of the tile fits
+    // (ALiBi is added after scaling; the FFI decoder refuses anything else).
     const int64_t shift = int64_t{g.bias.offsets[2 * b + 1]} - int64_t{g.bias.offsets[2 * b]};
     const int64_t low = c0 - (r0 + nr) + shift, high = c0 + nc - r0 + shift;
     constexpr int64_t kFits = int64_t{1} << 30;
-    if (-kFits < low && high < kFits) {
+    if (g.bias.after_scale && -kFits < low && high < kFits) {
       const float neg_slope = -static_cast<const float*>(g.bias.data)[b * g.bias.slope_batch + n];
       ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t r, int64_t lo, int64_t hi) {
         float* row = s + r * ld;
         if (transposed) {  // key c0 + r, queries r0 + e
           AddAlibiRow<K, -1>(row, int32_t(lo), int32_t(hi), int32_t(c0 + r - r0 + shift),
-                             neg_slope, g.scale, g.bias.after_scale);
+                             neg_slope, g.scale);
         } else {  // query r0 + r, keys c0 + e
           AddAlibiRow<K, 1>(row, int32_t(lo), int32_t(hi), int32_t(c0 - (r0 + r) + shift),
-                            neg_slope, g.scale, g.bias.after_scale);
+                            neg_slope, g.scale);
         }
       });
       return;
