@@ -79,9 +79,10 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
     Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
     Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
   }
-  const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp);
-  const Operand dout =
-      View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2, ws.dvp);
+  const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp,
+                         ops.copy_b_blocks);
+  const Operand dout = View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2,
+                            ws.dvp, ops.copy_b_blocks);
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   if (bf16) {
     ops.bf16_gemm(nr, nc, d / 2,
@@ -170,7 +171,7 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
-    const Operand k = View(key, g.k.seq, nc, d, true, ws.n1, ws.dp);  // dQ's B operand
+    const Operand k = View(key, g.k.seq, nc, d, true, ws.n1, ws.dp, ops.copy_b_blocks);  // dQ's B
     if (bf16) {
       ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
                     kBlockQ, ws.s, kBlockQ);
@@ -216,7 +217,8 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
     const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
     LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
-    const Operand kb = View(a.key + k_off, g.k.seq, nc, d, true, ws.group_q, ws.dp);  // dQ's B
+    const Operand kb =
+        View(a.key + k_off, g.k.seq, nc, d, true, ws.group_q, ws.dp, ops.copy_b_blocks);  // dQ's B
     float* dk = ws.acc1;
     float* dval = ws.acc2;
     std::fill(dk, dk + nc * ws.dp, 0.0f);

@@ -268,7 +268,8 @@ void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t col
 }
 
 // A block as a GEMM operand: float32 rows are used in place unless a B operand
-// would read past `cols`; other types are converted into `scratch`.
+// would read past `cols` or `copy` asks for contiguous rows (TileOps::copy_b_blocks);
+// other types are converted into `scratch`.
 struct Operand {
   const float* data;
   int64_t ld;
@@ -276,9 +277,9 @@ struct Operand {
 
 template <typename T>
 Operand View(const T* src, int64_t stride, int64_t rows, int64_t cols, bool b_operand,
-             float* scratch, int64_t ld) {
+             float* scratch, int64_t ld, bool copy = false) {
   if constexpr (std::is_same_v<T, float>) {
-    if (!b_operand || cols % kTileAlign == 0) return {src, stride};
+    if (!copy && (!b_operand || cols % kTileAlign == 0)) return {src, stride};
   }
   LoadBlock(src, stride, rows, cols, scratch, ld);
   return {scratch, ld};

@@ -143,8 +143,9 @@ struct AttentionBackwardArgs {
 int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
 
 // Items of AttentionForward (at most ForwardWorkItems; a larger end is fine):
-// each takes up to four query heads of one kv head's group over one query
-// block, so that a K/V block is read once for all of them.
+// each takes up to four (query head, query block) pairs of one kv head's group,
+// heads of the group first, then consecutive query blocks, so that a K/V block
+// is read once for all of them.
 int64_t AttentionForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs);
 
 template <typename T>

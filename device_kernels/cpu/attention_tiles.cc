@@ -28,7 +28,7 @@ namespace {
 
 using namespace tile_simd;
 
-#define JAX_ROPE_TILE_OPS(Isa, attr)                                                     \
+#define JAX_ROPE_TILE_OPS(Isa, attr, copy_b)                                             \
   attr void Gemm##Isa(                                          \
       int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,           \
       const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {                   \
@@ -64,17 +64,17 @@ using namespace tile_simd;
   }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
                                    DotScores##Isa, SoftmaxRows##Isa, nullptr,                  \
-                                   WidenBf16##Isa, WidenF16##Isa};
+                                   WidenBf16##Isa, WidenF16##Isa,    copy_b};
 
-JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))))
-JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))))
-JAX_ROPE_TILE_OPS(Sse2, )
+JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
+JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))), true)
+JAX_ROPE_TILE_OPS(Sse2, , true)
 #undef JAX_ROPE_TILE_OPS
 
 // AVX-512 routines plus the bf16 GEMM (attention_bf16.cc).
 constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,      SoftmaxStepAvx512, SoftmaxGradAvx512,
                                     DotScoresAvx512, SoftmaxRowsAvx512, Bf16GemmAvx512,
-                                    WidenBf16Avx512, WidenF16Avx512};
+                                    WidenBf16Avx512, WidenF16Avx512, false};
 
 }  // namespace
 
