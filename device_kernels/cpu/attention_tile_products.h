@@ -139,13 +139,17 @@ JAX_ROPE_INLINE void DotScoresBlocked(int64_t keys, int64_t rows, int64_t d, con
       // Past the last key, the last key again (its scores are not stored).
       for (int kk = 0; kk < KB; ++kk) kr[kk] = k + (j0 + kk < keys ? j0 + kk : keys - 1) * ldk;
       V acc[w];
+#pragma GCC unroll 16
       for (int a = 0; a < w; ++a) acc[a] = V{};
       for (int64_t p = 0; p < dp; p += w) {
         V qv[RB];
+#pragma GCC unroll 16
         for (int r = 0; r < RB; ++r) Load(qv[r], qi + r * ldq + p);
+#pragma GCC unroll 16
         for (int kk = 0; kk < KB; ++kk) {
           V kv;
           Load(kv, kr[kk] + p);
+#pragma GCC unroll 16
           for (int r = 0; r < RB; ++r) acc[kk * RB + r] += kv * qv[r];
         }
       }
