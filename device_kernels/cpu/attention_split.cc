@@ -3,7 +3,11 @@
 // whose columns are (head, row) pairs, head-major, so each K/V block is read
 // (and converted) once per group; bias, mask and dropout run per head on that
 // head's columns. Short groups (at most kTileAlign rows) take the dot-product
-// score routine, longer ones the GEMM over the transposed rows.
+// score routine, longer ones the GEMM over the transposed rows. A thread runs
+// the items of up to kRunHeads neighbouring kv heads of one chunk together, key
+// block by key block, so that it walks the key rows of all of them (adjacent
+// in BSND) rather than one head's rows a page apart, which the hardware
+// prefetchers do not follow (AVX2 Zen 3, B8 Skv8192 decode: about 1.1x).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -23,9 +27,11 @@ using namespace attention;
 constexpr int64_t kBlock = 64;
 static_assert(kSplitKeys % kBlock == 0, "chunks hold whole key blocks");
 constexpr int64_t kPrefetchBlocks = 1;
+constexpr int64_t kRunHeads = 8;
 
 // Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
-// the scratch: rows() maxima, rows() sums, then rows() x dvp outputs.
+// the scratch: padded_rows() maxima, padded_rows() sums, then rows() x dvp
+// outputs.
 class SplitItems {
  public:
   struct Item {
@@ -39,7 +45,7 @@ class SplitItems {
     for (int64_t b = 0; b < g.batch; ++b) max_q = std::max(max_q, Band(seqs[b]).q_len);
     if (max_q == 0 || group_ * max_q > kBlock) return;
     rows_ = group_ * max_q;
-    slot_ = rows_ * (2 + RoundUpToTile(g.value_dim));
+    slot_ = 2 * RoundUpToTile(rows_) + rows_ * RoundUpToTile(g.value_dim);
     int64_t total = 0;
     for (int64_t b = 0; b < g.batch; ++b) {
       chunks_.push_back(CeilDiv(Band(seqs[b]).kv_len, kSplitKeys));
@@ -49,7 +55,7 @@ class SplitItems {
   }
   bool applicable() const { return rows_ > 0; }
   int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
-  int64_t rows() const { return rows_; }
+  int64_t padded_rows() const { return RoundUpToTile(rows_); }
   int64_t slot() const { return slot_; }
   int64_t group() const { return group_; }
   int64_t chunks(int64_t seq) const { return chunks_[seq]; }
@@ -63,112 +69,127 @@ class SplitItems {
     const int64_t rem = t - (seq == 0 ? 0 : ends_[seq - 1]);
     return {seq, rem % kv_heads_, rem / kv_heads_};
   }
+  // The end of the run from item t (< end): the next items of the same
+  // sequence and chunk, kRunHeads at most.
+  int64_t RunEnd(int64_t t, int64_t end) const {
+    return std::min({end, t + kv_heads_ - (*this)[t].head, t + kRunHeads});
+  }
 
  private:
   int64_t group_, kv_heads_, rows_ = 0, slot_ = 0;
   std::vector<int64_t> chunks_, ends_;
 };
 
-// Query rows of the group as float32: row-major in ws.group_q (dot scores) or
-// transposed in ws.t1 (GEMM scores), zero padded to RoundUpToTile(m).
+// Query rows of the group as float32 in q: row-major, row stride dp (dot
+// scores), or transposed, row stride kBlock (GEMM scores); zero padded to
+// RoundUpToTile(m) rows. q holds dp x kBlock floats.
 template <typename T>
 void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query, int64_t b,
-                    int64_t kvh, int64_t group, bool dot, Workspace& ws) {
+                    int64_t kvh, int64_t group, bool dot, int64_t dp, float* q) {
   const int64_t nr = band.q_len, m = group * nr, mp = RoundUpToTile(m), d = g.head_dim;
   for (int64_t h = 0; h < group; ++h) {
     const T* rows = query + Offset(g.q, b, band.q_start, kvh * group + h);
     if (dot) {
-      LoadBlock(rows, g.q.seq, nr, d, ws.group_q + h * nr * ws.dp, ws.dp);
+      LoadBlock(rows, g.q.seq, nr, d, q + h * nr * dp, dp);
     } else {
-      TransposeRows(rows, g.q.seq, nr, d, ws.t1 + h * nr, kBlock);
+      TransposeRows(rows, g.q.seq, nr, d, q + h * nr, kBlock);
     }
   }
   if (dot) {
-    std::fill(ws.group_q + m * ws.dp, ws.group_q + mp * ws.dp, 0.0f);
+    std::fill(q + m * dp, q + mp * dp, 0.0f);
   } else {
-    for (int64_t p = 0; p < d; ++p) {
-      std::fill(ws.t1 + p * kBlock + m, ws.t1 + p * kBlock + mp, 0.0f);
-    }
+    for (int64_t p = 0; p < d; ++p) std::fill(q + p * kBlock + m, q + p * kBlock + mp, 0.0f);
   }
 }
 
+// Items [t0, t1) of one run (RunEnd): the same sequence and chunk, neighbouring
+// kv heads; each head's steps are those of the head alone, in the same order.
+// queries: kRunHeads x dp x kBlock floats.
 template <typename T>
-void SplitItem(const AttentionGeometry& g, const SequenceBand* seqs,
-               const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t t,
-               float* scratch, const TileOps& ops, Workspace& ws) {
-  const SplitItems::Item it = items[t];
-  const Band band(seqs[it.seq]);
-  const int64_t b = it.seq, kvh = it.head, group = items.group(), nr = band.q_len;
+void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
+              const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t t0, int64_t t1,
+              float* scratch, const TileOps& ops, Workspace& ws, float* queries) {
+  const SplitItems::Item run = items[t0];
+  const Band band(seqs[run.seq]);
+  const int64_t b = run.seq, group = items.group(), nr = band.q_len;
   const int64_t m = group * nr, mp = RoundUpToTile(m), d = g.head_dim, dv = g.value_dim;
   if (m == 0) return;
   const float scale = ScoreScale(g);
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const bool dot = m <= kTileAlign;
-  float* slot = scratch + t * items.slot();
-  float* o = slot + 2 * items.rows();
-  PackGroupQuery(g, band, a.query, b, kvh, group, dot, ws);
-  std::fill(o, o + m * ws.dvp, 0.0f);
-  std::fill(ws.max, ws.max + mp, kNegInf);
-  std::fill(ws.sum, ws.sum + mp, 0.0f);
+  const int64_t rp = items.padded_rows(), q_size = ws.dp * kBlock;
+  // Per head: its slot (maxima, sums, outputs) and packed query rows.
+  for (int64_t t = t0; t < t1; ++t) {
+    float* slot = scratch + t * items.slot();
+    PackGroupQuery(g, band, a.query, b, items[t].head, group, dot, ws.dp,
+                   queries + (t - t0) * q_size);
+    std::fill(slot, slot + mp, kNegInf);
+    std::fill(slot + rp, slot + rp + mp, 0.0f);
+    std::fill(slot + 2 * rp, slot + 2 * rp + m * ws.dvp, 0.0f);
+  }
   const BlockSpan keys = band.KeyBlocks(0, nr, kBlock);
-  const int64_t first = std::max(keys.start, it.chunk * kSplitKeys);
-  const int64_t last = std::min(keys.end, (it.chunk + 1) * kSplitKeys);
+  const int64_t first = std::max(keys.start, run.chunk * kSplitKeys);
+  const int64_t last = std::min(keys.end, (run.chunk + 1) * kSplitKeys);
   for (int64_t c0 = first; c0 < last; c0 += kBlock) {
     const int64_t nc = std::min(kBlock, band.kv_len - c0);
-    // K/V rows kPrefetchBlocks blocks ahead (strided rows: one page each, which
-    // the hardware prefetchers do not follow).
-    for (int64_t p0 = c0 == first ? c0 + kBlock : c0 + kPrefetchBlocks * kBlock;
-         p0 <= c0 + kPrefetchBlocks * kBlock && p0 < last; p0 += kBlock) {
-      Prefetch(a.key + Offset(g.k, b, band.kv_start + p0, kvh), g.k.seq,
-               std::min(kBlock, band.kv_len - p0), d);
-      Prefetch(a.value + Offset(g.v, b, band.kv_start + p0, kvh), g.v.seq,
-               std::min(kBlock, band.kv_len - p0), dv);
-    }
-    // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
-    const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d, dot,
-                           ws.n1, ws.dp);
-    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
-                           true, ws.n2, ws.dvp);
-    // Dot scores by query rows (keys along vectors: the softmax runs on whole
-    // vectors however few the rows), GEMM scores transposed (queries along them).
     const int64_t ncp = RoundUpToTile(nc);
-    const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
-    if (dot) {
-      ops.dot_scores(nc, m, d, k.data, k.ld, ws.group_q, ws.dp, ws.s, 1, kBlock);
-      for (int64_t r = 0; r < m; ++r) {
-        std::fill(ws.s + r * kBlock + nc, ws.s + r * kBlock + ncp, kNegInf);
-      }
-    } else {
-      ops.gemm(nc, m, d, k.data, k.ld, 1, ws.t1, kBlock, ws.s, kBlock, false);
-      for (int64_t j = 0; j < nc; ++j) {
-        std::fill(ws.s + j * kBlock + m, ws.s + j * kBlock + mp, kNegInf);
-      }
-    }
-    for (int64_t h = 0; h < group; ++h) {
-      float* sh = ws.s + h * head_step;
-      AddBias<T>(g, band, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot);
-      MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false);
-    }
-    if (dot) {
-      ops.softmax_rows(ws.s, kBlock, m, ncp, scale, ws.max, ws.sum, o, ws.dvp, ws.dvp);
-    } else {
-      ops.softmax_step(ws.s, kBlock, nc, mp, scale, ws.max, ws.sum, o, ws.dvp, m, ws.dvp);
-    }
-    for (int64_t h = 0; h < group && dropout; ++h) {  // statistics stay undropped
-      float* keep = ws.keep + h * head_step;
-      KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
-      ApplyKeep(band, 0, nr, c0, nc, ws.s + h * head_step, keep, kBlock, !dot);
-    }
     const bool full = band.Covers(0, nr, c0, nc) && g.mask.data == nullptr;
-    MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v.data, v.ld, o, ws.dvp,
-               full,
-               [&](int64_t i, int64_t p) {
-                 return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + p);
-               },
-               ws.finite);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t kvh = items[t].head;
+      float* slot = scratch + t * items.slot();
+      float *max = slot, *sum = slot + rp, *o = slot + 2 * rp;
+      const float* q = queries + (t - t0) * q_size;
+      // K/V rows kPrefetchBlocks blocks ahead (strided rows: one page each, which
+      // the hardware prefetchers do not follow).
+      for (int64_t p0 = c0 == first ? c0 + kBlock : c0 + kPrefetchBlocks * kBlock;
+           p0 <= c0 + kPrefetchBlocks * kBlock && p0 < last; p0 += kBlock) {
+        Prefetch(a.key + Offset(g.k, b, band.kv_start + p0, kvh), g.k.seq,
+                 std::min(kBlock, band.kv_len - p0), d);
+        Prefetch(a.value + Offset(g.v, b, band.kv_start + p0, kvh), g.v.seq,
+                 std::min(kBlock, band.kv_len - p0), dv);
+      }
+      // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
+      const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
+                             dot, ws.n1, ws.dp);
+      const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc,
+                             dv, true, ws.n2, ws.dvp);
+      // Dot scores by query rows (keys along vectors: the softmax runs on whole
+      // vectors however few the rows), GEMM scores transposed (queries along them).
+      const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
+      if (dot) {
+        ops.dot_scores(nc, m, d, k.data, k.ld, q, ws.dp, ws.s, 1, kBlock);
+        for (int64_t r = 0; r < m; ++r) {
+          std::fill(ws.s + r * kBlock + nc, ws.s + r * kBlock + ncp, kNegInf);
+        }
+      } else {
+        ops.gemm(nc, m, d, k.data, k.ld, 1, q, kBlock, ws.s, kBlock, false);
+        for (int64_t j = 0; j < nc; ++j) {
+          std::fill(ws.s + j * kBlock + m, ws.s + j * kBlock + mp, kNegInf);
+        }
+      }
+      for (int64_t h = 0; h < group; ++h) {
+        float* sh = ws.s + h * head_step;
+        AddBias<T>(g, band, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot);
+        MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false);
+      }
+      if (dot) {
+        ops.softmax_rows(ws.s, kBlock, m, ncp, scale, max, sum, o, ws.dvp, ws.dvp);
+      } else {
+        ops.softmax_step(ws.s, kBlock, nc, mp, scale, max, sum, o, ws.dvp, m, ws.dvp);
+      }
+      for (int64_t h = 0; h < group && dropout; ++h) {  // statistics stay undropped
+        float* keep = ws.keep + h * head_step;
+        KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
+        ApplyKeep(band, 0, nr, c0, nc, ws.s + h * head_step, keep, kBlock, !dot);
+      }
+      MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v.data, v.ld, o,
+                 ws.dvp, full,
+                 [&](int64_t i, int64_t p) {
+                   return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + p);
+                 },
+                 ws.finite);
+    }
   }
-  std::copy(ws.max, ws.max + m, slot);
-  std::copy(ws.sum, ws.sum + m, slot + items.rows());
 }
 
 template <typename T>
@@ -178,7 +199,7 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
   const int64_t b = u / g.kv_heads, kvh = u % g.kv_heads;
   const Band band(seqs[b]);
   const int64_t group = items.group(), nr = band.q_len, dv = g.value_dim;
-  const int64_t dvp = RoundUpToTile(dv), rows = items.rows();
+  const int64_t dvp = RoundUpToTile(dv), rp = items.padded_rows();
   const int64_t chunks = items.chunks(b);
   auto slot_of = [&](int64_t c) { return scratch + items.Index(b, kvh, c) * items.slot(); };
   for (int64_t r = 0; r < group * nr; ++r) {
@@ -190,14 +211,14 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
     // A chunk whose visible scores are all NaN has max -inf and a NaN sum: the
     // row's output is NaN (the poison of a key row it sees), not zeros.
     for (int64_t c = 0; c < chunks; ++c) {
-      if (std::isnan(slot_of(c)[rows + r])) sum = NAN;
+      if (std::isnan(slot_of(c)[rp + r])) sum = NAN;
     }
     for (int64_t c = 0; c < chunks && mx != kNegInf && sum == sum; ++c) {  // chunk order
       const float* slot = slot_of(c);
       if (slot[r] == kNegInf) continue;
       const float f = std::exp(slot[r] - mx);
-      sum += f * slot[rows + r];
-      const float* o = slot + 2 * rows + r * dvp;
+      sum += f * slot[rp + r];
+      const float* o = slot + 2 * rp + r * dvp;
       for (int64_t e = 0; e < dv; ++e) acc[e] += f * o[e];
     }
     const bool dead = mx == kNegInf && sum == 0.0f;
@@ -229,7 +250,12 @@ void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
   if (begin >= end) return;
   const TileOps& ops = GetTileOps();
   Workspace ws(g, kBlock);
-  for (int64_t t = begin; t < end; ++t) SplitItem(g, seqs, args, items, t, scratch, ops, ws);
+  ThreadScratch queries(ScratchRole::kLanes, kRunHeads * ws.dp * kBlock);
+  for (int64_t t = begin; t < end;) {
+    const int64_t run_end = items.RunEnd(t, end);
+    SplitRun(g, seqs, args, items, t, run_end, scratch, ops, ws, queries.data());
+    t = run_end;
+  }
 }
 
 template <typename T>
