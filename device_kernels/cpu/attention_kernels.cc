@@ -120,10 +120,15 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
   for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
-    const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
-                           true, ws.n2, ws.dvp, ops.copy_b_blocks);
+    Operand v{nullptr, 0};
+    if (ops.copy_b_blocks) {
+      v = CopyValuesPrefetchingNext(g, band, a.key, a.value, b, kvh, c0, nc, last, ws);
+    } else {
+      PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
+      v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv, true, ws.n2,
+               ws.dvp);
+    }
     const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
     for (int64_t j = 0; j < count; ++j) {
       const Lane& l = lanes[j];
