@@ -74,15 +74,20 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(ws.t1);
   const uint32_t* v_pairs = reinterpret_cast<const uint32_t*>(ws.t2);
-  if (r0 + kBlockQ < q_end) {  // the next query block's rows
-    const int64_t next = std::min(kBlockQ, band.q_len - r0 - kBlockQ);
-    Prefetch(a.query + Offset(g.q, b, row + kBlockQ, n), g.q.seq, next, d);
-    Prefetch(a.dout + Offset(g.out, b, row + kBlockQ, n), g.out.seq, next, dv);
+  // The next query block's rows: asked for during the copies (copy_b_blocks), else ahead.
+  const int64_t next = r0 + kBlockQ < q_end ? std::min(kBlockQ, band.q_len - r0 - kBlockQ) : 0;
+  const T* query = a.query + Offset(g.q, b, row, n);
+  const T* dout_rows = a.dout + Offset(g.out, b, row, n);
+  if (!ops.copy_b_blocks) {
+    Prefetch(query + kBlockQ * g.q.seq, g.q.seq, next, d);
+    Prefetch(dout_rows + kBlockQ * g.out.seq, g.out.seq, next, dv);
   }
-  const Operand q = View(a.query + Offset(g.q, b, row, n), g.q.seq, nr, d, true, ws.n1, ws.dp,
-                         ops.copy_b_blocks);
-  const Operand dout = View(a.dout + Offset(g.out, b, row, n), g.out.seq, nr, dv, true, ws.n2,
-                            ws.dvp, ops.copy_b_blocks);
+  const Operand q = ops.copy_b_blocks
+                        ? LoadBlockPrefetching(query, g.q.seq, nr, d, ws.n1, ws.dp, next)
+                        : View(query, g.q.seq, nr, d, true, ws.n1, ws.dp);
+  const Operand dout = ops.copy_b_blocks
+                           ? LoadBlockPrefetching(dout_rows, g.out.seq, nr, dv, ws.n2, ws.dvp, next)
+                           : View(dout_rows, g.out.seq, nr, dv, true, ws.n2, ws.dvp);
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   if (bf16) {
     ops.bf16_gemm(nr, nc, d / 2,

@@ -35,28 +35,6 @@ void PrefetchKeyBlock(const AttentionGeometry& g, const Band& band, const T* key
   Prefetch(value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, g.value_dim);
 }
 
-// The value block at c0 (nc rows) as float32 rows of ws.n2 (row stride ws.dvp,
-// zero padded), asking row by row for the K and V rows of the key block at
-// c0 + kBlockK (when < end): spread over the copy, where the rows arrive anyway,
-// instead of PrefetchKeyBlock's burst ahead of it (AVX2 forward: 3-11% faster).
-template <typename T>
-Operand CopyValuesPrefetchingNext(const AttentionGeometry& g, const Band& band, const T* key,
-                                  const T* value, int64_t b, int64_t kvh, int64_t c0,
-                                  int64_t nc, int64_t end, Workspace& ws) {
-  const int64_t next = c0 + kBlockK < end ? std::min(kBlockK, band.kv_len - c0 - kBlockK) : 0;
-  const T* src = value + Offset(g.v, b, band.kv_start + c0, kvh);
-  const T* next_k = key + Offset(g.k, b, band.kv_start + c0 + kBlockK, kvh);
-  const T* next_v = value + Offset(g.v, b, band.kv_start + c0 + kBlockK, kvh);
-  for (int64_t r = 0; r < nc; ++r) {
-    if (r < next) {
-      Prefetch(next_k + r * g.k.seq, 0, 1, g.head_dim);
-      Prefetch(next_v + r * g.v.seq, 0, 1, g.value_dim);
-    }
-    LoadBlock(src + r * g.v.seq, 0, 1, g.value_dim, ws.n2 + r * ws.dvp, ws.dvp);
-  }
-  return {ws.n2, ws.dvp};
-}
-
 // Runs fn(item, ops, workspace) over items [begin, end) of one list.
 template <typename Fn>
 void ForEachItem(const AttentionGeometry& g, const SequenceBand* seqs, bool key_blocks,
