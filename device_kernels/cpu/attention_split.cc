@@ -152,7 +152,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
       const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
                              dot, ws.n1, ws.dp);
       const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc,
-                             dv, true, ws.n2, ws.dvp);
+                             dv, true, ws.n2, ws.dvp, ops.copy_b_blocks);
       // Dot scores by query rows (keys along vectors: the softmax runs on whole
       // vectors however few the rows), GEMM scores transposed (queries along them).
       const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
