@@ -78,7 +78,7 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   const int64_t next = r0 + kBlockQ < q_end ? std::min(kBlockQ, band.q_len - r0 - kBlockQ) : 0;
   const T* query = a.query + Offset(g.q, b, row, n);
   const T* dout_rows = a.dout + Offset(g.out, b, row, n);
-  if (!ops.copy_b_blocks) {
+  if (!ops.copy_b_blocks && next > 0) {
     Prefetch(query + kBlockQ * g.q.seq, g.q.seq, next, d);
     Prefetch(dout_rows + kBlockQ * g.out.seq, g.out.seq, next, dv);
   }

@@ -124,8 +124,9 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     Operand v{nullptr, 0};
     if (ops.copy_b_blocks) {  // the next block's K/V rows asked for during the copy
       const int64_t next = c0 + kBlockK < last ? std::min(kBlockK, band.kv_len - c0 - kBlockK) : 0;
+      const T* next_key = next > 0 ? key + kBlockK * g.k.seq : nullptr;
       v = LoadBlockPrefetching(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
-                               ws.n2, ws.dvp, next, key + kBlockK * g.k.seq, g.k.seq, d);
+                               ws.n2, ws.dvp, next, next_key, g.k.seq, d);
     } else {
       PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
       v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv, true, ws.n2,
