@@ -223,7 +223,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
     LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
     const Operand kb =
-        View(a.key + k_off, g.k.seq, nc, d, true, ws.group_q, ws.dp, ops.copy_b_blocks);  // dQ's B
+        View(a.key + k_off, g.k.seq, nc, d, true, ws.key_rows, ws.dp, ops.copy_b_blocks);  // dQ's B
     float* dk = ws.acc1;
     float* dval = ws.acc2;
     std::fill(dk, dk + nc * ws.dp, 0.0f);

@@ -138,7 +138,7 @@ class Workspace {
       : dp(RoundUpToTile(g.head_dim)), dvp(RoundUpToTile(g.value_dim)),
         scratch_(ScratchRole::kWorkspace, Total(g, block, dp, dvp)) {
     float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
-                       &finite, &keep, &group_q};
+                       &finite, &keep, &key_rows};
     const auto sizes = Sizes(g, block, dp, dvp);
     float* p = scratch_.data();
     for (int i = 0; i < kSlots; ++i) {
@@ -157,7 +157,7 @@ class Workspace {
   float *max, *sum, *delta;
   float* finite;          // a block with its non-finite entries zeroed (MaskedGemm)
   float* keep;            // dropout: keep / keep_prob per position of a score tile
-  float* group_q;         // query rows of a head group, float32 (block x dp, zero padded)
+  float* key_rows;        // a key block as float32 rows (block x dp): fused backward's dQ
 
  private:
   static constexpr int kSlots = 14;
