@@ -74,20 +74,18 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(ws.t1);
   const uint32_t* v_pairs = reinterpret_cast<const uint32_t*>(ws.t2);
-  // The next query block's rows: asked for during the copies (copy_b_blocks), else ahead.
+  // The next query block's rows, asked for ahead.
   const int64_t next = r0 + kBlockQ < q_end ? std::min(kBlockQ, band.q_len - r0 - kBlockQ) : 0;
   const T* query = a.query + Offset(g.q, b, row, n);
   const T* dout_rows = a.dout + Offset(g.out, b, row, n);
-  if (!ops.copy_b_blocks && next > 0) {
-    Prefetch(query + kBlockQ * g.q.seq, g.q.seq, next, d);
-    Prefetch(dout_rows + kBlockQ * g.out.seq, g.out.seq, next, dv);
+  RowsAhead next_query, next_dout;
+  if (next > 0) {
+    next_query.streams[0] = RowsAhead::Of(query + kBlockQ * g.q.seq, g.q.seq, d);
+    next_dout.streams[0] = RowsAhead::Of(dout_rows + kBlockQ * g.out.seq, g.out.seq, dv);
+    next_query.rows = next_dout.rows = next;
   }
-  const Operand q = ops.copy_b_blocks
-                        ? LoadBlockPrefetching(query, g.q.seq, nr, d, ws.n1, ws.dp, next)
-                        : View(query, g.q.seq, nr, d, true, ws.n1, ws.dp);
-  const Operand dout = ops.copy_b_blocks
-                           ? LoadBlockPrefetching(dout_rows, g.out.seq, nr, dv, ws.n2, ws.dvp, next)
-                           : View(dout_rows, g.out.seq, nr, dv, true, ws.n2, ws.dvp);
+  const Operand q = BOperand(ops, query, g.q.seq, nr, d, ws.n1, ws.dp, next_query);
+  const Operand dout = BOperand(ops, dout_rows, g.out.seq, nr, dv, ws.n2, ws.dvp, next_dout);
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   if (bf16) {
     ops.bf16_gemm(nr, nc, d / 2,
@@ -173,10 +171,11 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, keys.end);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
-    const Operand k = View(key, g.k.seq, nc, d, true, ws.n1, ws.dp, ops.copy_b_blocks);  // dQ's B
+    const Operand k = BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.dp,  // dQ's B
+                               KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
+                                             keys.end));
     if (bf16) {
       ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
                     kBlockQ, ws.s, kBlockQ);
@@ -223,7 +222,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
     LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
     const Operand kb =
-        View(a.key + k_off, g.k.seq, nc, d, true, ws.key_rows, ws.dp, ops.copy_b_blocks);  // dQ's B
+        BOperand(ops, a.key + k_off, g.k.seq, nc, d, ws.key_rows, ws.dp, RowsAhead{});  // dQ's B
     float* dk = ws.acc1;
     float* dval = ws.acc2;
     std::fill(dk, dk + nc * ws.dp, 0.0f);

@@ -1,6 +1,6 @@
 // Shared by the tiled attention kernels (attention_kernels.cc: forward and
 // scores; attention_backward.cc): block sizes, the bf16 product choice, the
-// key-block prefetch and the loop over one work-item list. Internal.
+// key-block rows asked for ahead and the loop over one work-item list. Internal.
 #pragma once
 
 #include <algorithm>
@@ -25,14 +25,20 @@ bool Bf16Products(const AttentionGeometry& g, const TileOps& ops) {
          g.value_dim % 2 == 0;
 }
 
-// The K and V rows of the key block at c0 (when c0 < end), for the next step.
+// The K and V rows of the key block of kv head kvh at c0 (nothing when c0 >=
+// end), to ask for while the step before it runs.
 template <typename T>
-void PrefetchKeyBlock(const AttentionGeometry& g, const Band& band, const T* key, const T* value,
-                      int64_t b, int64_t kvh, int64_t c0, int64_t end) {
-  if (c0 >= end) return;
-  const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-  Prefetch(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, g.head_dim);
-  Prefetch(value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, g.value_dim);
+RowsAhead KeyBlockAhead(const AttentionGeometry& g, const Band& band, const T* key,
+                        const T* value, int64_t b, int64_t kvh, int64_t c0, int64_t end,
+                        int64_t block = kBlockK) {
+  RowsAhead ahead;
+  if (c0 >= end) return ahead;
+  ahead.streams[0] = RowsAhead::Of(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq,
+                                   g.head_dim);
+  ahead.streams[1] = RowsAhead::Of(value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
+                                   g.value_dim);
+  ahead.rows = std::min(block, band.kv_len - c0);
+  return ahead;
 }
 
 // Runs fn(item, ops, workspace) over items [begin, end) of one list.

@@ -121,17 +121,9 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
-    Operand v{nullptr, 0};
-    if (ops.copy_b_blocks) {  // the next block's K/V rows asked for during the copy
-      const int64_t next = c0 + kBlockK < last ? std::min(kBlockK, band.kv_len - c0 - kBlockK) : 0;
-      const T* next_key = next > 0 ? key + kBlockK * g.k.seq : nullptr;
-      v = LoadBlockPrefetching(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv,
-                               ws.n2, ws.dvp, next, next_key, g.k.seq, d);
-    } else {
-      PrefetchKeyBlock(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
-      v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc, dv, true, ws.n2,
-               ws.dvp);
-    }
+    const Operand v = BOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
+                               nc, dv, ws.n2, ws.dvp,
+                               KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last));
     const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
     for (int64_t j = 0; j < count; ++j) {
       const Lane& l = lanes[j];

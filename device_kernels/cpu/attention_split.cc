@@ -14,6 +14,7 @@
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_items.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_tiles.h"
@@ -26,7 +27,6 @@ using namespace attention;
 // Packed rows per tile (the cap on q_len * G) and keys per key block.
 constexpr int64_t kBlock = 64;
 static_assert(kSplitKeys % kBlock == 0, "chunks hold whole key blocks");
-constexpr int64_t kPrefetchBlocks = 1;
 constexpr int64_t kRunHeads = 8;
 
 // Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
@@ -139,25 +139,34 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
       float* slot = scratch + t * items.slot();
       float *max = slot, *sum = slot + rp, *o = slot + 2 * rp;
       const float* q = queries + (t - t0) * q_size;
-      // K/V rows kPrefetchBlocks blocks ahead (strided rows: one page each, which
-      // the hardware prefetchers do not follow).
-      for (int64_t p0 = c0 == first ? c0 + kBlock : c0 + kPrefetchBlocks * kBlock;
-           p0 <= c0 + kPrefetchBlocks * kBlock && p0 < last; p0 += kBlock) {
-        Prefetch(a.key + Offset(g.k, b, band.kv_start + p0, kvh), g.k.seq,
-                 std::min(kBlock, band.kv_len - p0), d);
-        Prefetch(a.value + Offset(g.v, b, band.kv_start + p0, kvh), g.v.seq,
-                 std::min(kBlock, band.kv_len - p0), dv);
+      // The next step's K and V rows, asked for while this step reads its own:
+      // K along the dot scores' key rows, V along the value block's copy (or
+      // with K where V is read in place); GEMM scores ask for nothing, so
+      // there both go with the value block.
+      const bool next_head = t + 1 < t1;
+      const RowsAhead next = KeyBlockAhead(g, band, a.key, a.value, b,
+                                           run.head + (next_head ? t + 1 - t0 : 0),
+                                           next_head ? c0 : c0 + kBlock, last, kBlock);
+      RowsAhead with_scores, with_value = next;
+      if (dot) {
+        with_scores = next;
+        if (ops.copy_b_blocks) {
+          with_scores.streams[1] = {};
+          with_value.streams[0] = {};
+        } else {
+          with_value = {};
+        }
       }
       // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
       const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
                              dot, ws.n1, ws.dp);
-      const Operand v = View(a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq, nc,
-                             dv, true, ws.n2, ws.dvp, ops.copy_b_blocks);
+      const Operand v = BOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
+                                 nc, dv, ws.n2, ws.dvp, with_value);
       // Dot scores by query rows (keys along vectors: the softmax runs on whole
       // vectors however few the rows), GEMM scores transposed (queries along them).
       const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
       if (dot) {
-        ops.dot_scores(nc, m, d, k.data, k.ld, q, ws.dp, ws.s, 1, kBlock);
+        ops.dot_scores(nc, m, d, k.data, k.ld, q, ws.dp, ws.s, 1, kBlock, with_scores);
         for (int64_t r = 0; r < m; ++r) {
           std::fill(ws.s + r * kBlock + nc, ws.s + r * kBlock + ncp, kNegInf);
         }

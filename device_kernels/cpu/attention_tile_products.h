@@ -126,7 +126,8 @@ JAX_ROPE_INLINE void LaneSums(typename Isa::V* acc) {
 template <class Isa, int RB>
 JAX_ROPE_INLINE void DotScoresBlocked(int64_t keys, int64_t rows, int64_t d, const float* k,
                                       int64_t ldk, const float* q, int64_t ldq, float* s,
-                                      int64_t key_step, int64_t row_step) {
+                                      int64_t key_step, int64_t row_step,
+                                      const RowsAhead& ahead) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   constexpr int KB = w / RB;
@@ -138,6 +139,7 @@ JAX_ROPE_INLINE void DotScoresBlocked(int64_t keys, int64_t rows, int64_t d, con
       const float* kr[KB];
       // Past the last key, the last key again (its scores are not stored).
       for (int kk = 0; kk < KB; ++kk) kr[kk] = k + (j0 + kk < keys ? j0 + kk : keys - 1) * ldk;
+      for (int kk = 0; kk < KB && i0 == 0; ++kk) ahead.Fetch(j0 + kk);
       V acc[w];
 #pragma GCC unroll 16
       for (int a = 0; a < w; ++a) acc[a] = V{};
@@ -165,10 +167,10 @@ JAX_ROPE_INLINE void DotScoresBlocked(int64_t keys, int64_t rows, int64_t d, con
 template <class Isa>
 JAX_ROPE_INLINE void DotScores(int64_t keys, int64_t rows, int64_t d, const float* k,
                                int64_t ldk, const float* q, int64_t ldq, float* s,
-                               int64_t key_step, int64_t row_step) {
+                               int64_t key_step, int64_t row_step, const RowsAhead& ahead) {
   constexpr int w = kWidth<Isa>;
 #define JAX_ROPE_DOT(RB) \
-  return DotScoresBlocked<Isa, RB>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step)
+  return DotScoresBlocked<Isa, RB>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step, ahead)
   if (rows <= 1) JAX_ROPE_DOT(1);
   if (rows <= 2) JAX_ROPE_DOT(2);
   if (rows <= 4 || w == 4) JAX_ROPE_DOT(4);

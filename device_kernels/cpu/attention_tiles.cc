@@ -46,8 +46,8 @@ using namespace tile_simd;
   }                                                                                            \
   attr void DotScores##Isa(int64_t keys, int64_t rows, int64_t d, const float* k, int64_t ldk, \
                            const float* q, int64_t ldq, float* s, int64_t key_step,            \
-                           int64_t row_step) {                                                 \
-    DotScores<Isa>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step);                      \
+                           int64_t row_step, const RowsAhead& ahead) {                         \
+    DotScores<Isa>(keys, rows, d, k, ldk, q, ldq, s, key_step, row_step, ahead);               \
   }                                                                                            \
   attr void SoftmaxRows##Isa(float* s, int64_t lds, int64_t rows, int64_t keys, float scale,   \
                              float* q_max, float* q_sum, float* out, int64_t ldo,              \

@@ -18,6 +18,40 @@ constexpr int64_t RoundUpToTile(int64_t n) {
   return (n + kTileAlign - 1) / kTileAlign * kTileAlign;
 }
 
+// Rows of blocks to be read next, which a routine reading its own block row by
+// row asks for as it goes (row r of each stream with its row r, into L2, not
+// the L1 that holds the block at hand). The rows of one head lie a page or
+// more apart, where hardware prefetchers stop; asked for along the way, the
+// requests overlap the computation on this block, where a burst ahead of it
+// stalls the core until memory has answered most of it. A stream without data
+// asks for nothing.
+struct RowsAhead {
+  struct Stream {
+    const char* data = nullptr;
+    int64_t stride = 0, bytes = 0;  // in bytes: row step and bytes per row
+  };
+  Stream streams[2];
+  int64_t rows = 0;
+
+  template <typename T>
+  static Stream Of(const T* src, int64_t stride, int64_t cols) {
+    return {reinterpret_cast<const char*>(src), stride * static_cast<int64_t>(sizeof(T)),
+            cols * static_cast<int64_t>(sizeof(T))};
+  }
+  // Always inlined: GCC takes a function that only prefetches for one without
+  // effects (ipa-pure-const) and drops the calls to it.
+  __attribute__((always_inline)) void Fetch(int64_t r) const {
+    if (r >= rows) return;
+    for (const Stream& s : streams) {
+      const char* row = s.data + r * s.stride;
+      for (int64_t off = 0; off < s.bytes; off += 64) __builtin_prefetch(row + off, 0, 2);
+    }
+  }
+  __attribute__((always_inline)) void FetchAll() const {
+    for (int64_t r = 0; r < rows; ++r) Fetch(r);
+  }
+};
+
 struct TileOps {
   // C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], where A(i, p) is
   // a[i * a_row + p * a_col] (a_row = 1, a_col = ld reads a stored transpose).
@@ -51,9 +85,10 @@ struct TileOps {
   // GEMM would spend a whole vector on each handful of rows). k and q rows are
   // read up to RoundUpToTile(d) (k's padding finite, q's zero) and q has
   // RoundUpToTile(rows) readable rows (zeros past `rows`); nothing else of s
-  // is written.
+  // is written. Row j of `ahead` is asked for when key j is read.
   void (*dot_scores)(int64_t keys, int64_t rows, int64_t d, const float* k, int64_t ldk,
-                     const float* q, int64_t ldq, float* s, int64_t key_step, int64_t row_step);
+                     const float* q, int64_t ldq, float* s, int64_t key_step, int64_t row_step,
+                     const RowsAhead& ahead);
 
   // softmax_step on a tile stored by query rows (rows x keys, keys padded
   // with -inf to a multiple of kTileAlign): per row, the same folding into

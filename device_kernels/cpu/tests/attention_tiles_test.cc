@@ -198,8 +198,13 @@ void CheckTileOps() {
             for (int64_t p = 0; p < d; ++p) q[i * dp + p] = u(rng);
           }
           std::vector<float> s(64 * lds, 12345.0f);
+          // Rows asked for ahead (here q's, then k's) leave the scores alone.
+          RowsAhead ahead;
+          ahead.streams[0] = RowsAhead::Of(q.data(), dp, d);
+          ahead.streams[1] = RowsAhead::Of(kk.data(), ldk, d);
+          ahead.rows = d % 3 == 0 ? 0 : std::min(rows, keys);
           ops->dot_scores(keys, rows, d, kk.data(), ldk, q.data(), dp, s.data(),
-                          by_rows ? 1 : lds, by_rows ? lds : 1);
+                          by_rows ? 1 : lds, by_rows ? lds : 1, ahead);
           double worst = 0.0;
           bool untouched = true;
           for (int64_t j = 0; j < 64; ++j) {
