@@ -276,8 +276,9 @@ Operand View(const T* src, int64_t stride, int64_t rows, int64_t cols, bool b_op
 // after it) asked for. Where the instruction set copies B blocks
 // (TileOps::copy_b_blocks) the block goes to `scratch` row by row and `ahead`
 // is asked for along the copy, whose own rows arrive from memory anyway
-// (AVX2: forward 3-11%, backward 3-8% faster than a burst ahead); elsewhere
-// `ahead` is asked for at once and the block is a View.
+// (AVX2: the forward 3-11% faster than without, the backward 3-8% faster than
+// with a burst ahead); elsewhere `ahead` is asked for at once and the block is
+// a View.
 template <typename T>
 Operand BOperand(const TileOps& ops, const T* src, int64_t stride, int64_t rows, int64_t cols,
                  float* scratch, int64_t ld, const RowsAhead& ahead) {
