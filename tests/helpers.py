@@ -177,12 +177,30 @@ def rng_for(*parts):
     return np.random.default_rng(zlib.crc32(repr(parts).encode()))
 
 
-def run_multidevice(which, timeout=300):
-    """Runs multidevice/sharded_checks.py WHICH on 8 simulated CPU devices (a subprocess:
-    XLA_FLAGS must be set before jax is imported) and asserts it printed "ok WHICH"."""
+def start_multidevice(which):
+    """Starts multidevice/sharded_checks.py WHICH on 8 simulated CPU devices (a subprocess:
+    XLA_FLAGS must be set before jax is imported); finish_multidevice waits for it."""
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    proc = subprocess.run([sys.executable, os.path.join(here, "multidevice", "sharded_checks.py"),
-                           which], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert f"ok {which}" in proc.stdout
+    return subprocess.Popen([sys.executable, os.path.join(here, "multidevice", "sharded_checks.py"),
+                             which], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish_multidevice(proc, which, timeout=300):
+    """Waits for a start_multidevice process and asserts it printed "ok WHICH"."""
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{which}: no result after {timeout} s\n" + stdout[-3000:]
+                             + stderr[-6000:]) from None
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+    assert f"ok {which}" in stdout
+
+
+def run_multidevice(which, timeout=300):
+    """Runs multidevice/sharded_checks.py WHICH to the end (start_multidevice, then
+    finish_multidevice)."""
+    finish_multidevice(start_multidevice(which), which, timeout)
