@@ -1,12 +1,14 @@
 """The notebooks and the training example run end to end, and are committed without outputs.
 
 Each notebook in notebooks/ is executed headless with nbclient, in a kernel running this
-interpreter (working directory notebooks/), and fails on any cell error or after 300 s.
+interpreter (working directory notebooks/), and fails on any cell error or after 300 s; two
+run at a time (their time is mostly compiling, one core each: on 2 cores 107 s -> 69 s).
 The packages they need are the optional extra `notebooks` (03 also `flax`, 05 also
 `flax` and `hf`); a missing one is a failure that says so, never a skip. The kernel
 inherits the environment, so JAX_ROPE_BACKEND applies to the notebooks as well.
 """
 
+import asyncio
 import importlib
 import json
 import os
@@ -24,6 +26,7 @@ EXPECTED = ("01_quickstart.ipynb", "02_sparse_modes.ipynb", "03_training.ipynb",
             "04_performance.ipynb", "05_hf_port.ipynb")
 NOTEBOOKS = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
 NOTEBOOK_TIMEOUT_S = 300
+NOTEBOOKS_AT_ONCE = 2
 KERNEL_NAME = "jax-rope-tests-python"
 EXTRA = ("nbclient", "nbformat", "ipykernel", "matplotlib", "optax")
 # Optional extras some notebooks need beyond 'notebooks': {notebook: {extra: modules}}.
@@ -85,20 +88,47 @@ def kernel_name(tmp_path_factory):
         os.environ["JUPYTER_PATH"] = previous
 
 
+async def _execute(nbclient, nbformat, name, kernel_name, slots):
+    """(seconds, None) once notebook `name` ran through, (seconds, error) if it did not."""
+    async with slots:
+        start = time.monotonic()
+        try:
+            notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+            nbformat.validate(notebook)
+            deadline = start + NOTEBOOK_TIMEOUT_S
+            client = nbclient.NotebookClient(
+                notebook, kernel_name=kernel_name, startup_timeout=120,
+                # every cell may use what is left of the notebook's 300 s
+                timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
+                resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+            await client.async_execute()  # CellExecutionError (with the traceback) on failure
+        except Exception as error:  # noqa: BLE001 - raised again by the notebook's test
+            return time.monotonic() - start, error
+        return time.monotonic() - start, None
+
+
+@pytest.fixture(scope="module")
+def notebook_runs(kernel_name):
+    """{name: (seconds, error or None)} for every notebook whose extras are installed, run
+    NOTEBOOKS_AT_ONCE at a time."""
+    nbclient, nbformat = require_notebook_extra()
+    names = [name for name in NOTEBOOKS
+             if not any(_missing(modules) for modules in NEEDS.get(name, {}).values())]
+
+    async def run_all():
+        slots = asyncio.Semaphore(NOTEBOOKS_AT_ONCE)
+        return await asyncio.gather(*(_execute(nbclient, nbformat, name, kernel_name, slots)
+                                      for name in names))
+
+    return dict(zip(names, asyncio.run(run_all())))
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs(name, kernel_name):
-    nbclient, nbformat = require_notebook_extra(name)
-    notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
-    nbformat.validate(notebook)
-    deadline = time.monotonic() + NOTEBOOK_TIMEOUT_S
-    client = nbclient.NotebookClient(
-        notebook, kernel_name=kernel_name, startup_timeout=120,
-        # every cell may use what is left of the notebook's 300 s
-        timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
-        resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    start = time.monotonic()
-    client.execute()  # raises CellExecutionError (with the traceback) if a cell fails
-    elapsed = time.monotonic() - start
+def test_notebook_runs(name, request):
+    require_notebook_extra(name)  # a missing extra fails here, saying which
+    elapsed, error = request.getfixturevalue("notebook_runs")[name]
+    if error is not None:
+        raise error
     print(f"{name}: {elapsed:.1f} s")
     assert elapsed < NOTEBOOK_TIMEOUT_S
 
