@@ -18,6 +18,9 @@ WHEEL_STAMP := dist/.wheel-built
 CMAKE ?= cmake
 CTEST ?= ctest
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# pytest processes of `make test` (pytest-xdist, whole files per process): 2 halve the
+# suite's time on two cores; each takes a few GB, so more is a choice (TEST_WORKERS=4).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test kernel-test native-tests wheel bench info clean
 
@@ -67,7 +70,7 @@ $(WHEEL_STAMP): $(REQUIREMENTS) $(SOURCES) $(PY_SOURCES)
 	touch $@
 
 test: $(STAMP) kernel-test wheel
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # The peers' table of the README (torch SDPA from the "hf"/"bench" extra, jax.nn, the
 # fallback, the machine's FMA peak and copy bandwidth, in one process) and its plot.

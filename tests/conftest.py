@@ -12,7 +12,8 @@ test or subprocess of the same run is loaded instead of compiled again (the simu
 checks, 13 subprocesses compiling much the same programs, took half their time; the whole
 suite on 2 cores 16m54s instead of 19m12s). Every program is still compiled once per run.
 ``JAX_ROPE_TESTS_COMPILATION_CACHE=0`` turns it off; a ``JAX_COMPILATION_CACHE_DIR`` of the
-caller's is left alone.
+caller's is left alone. ``make test`` runs the files in two pytest-xdist workers, each with a
+subdirectory of the cache to itself.
 """
 
 import atexit
@@ -29,14 +30,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def _session_compilation_cache():
     """Points JAX (read when jax is first imported, here and in subprocesses) at a fresh
-    cache directory that takes every program, however quick to compile."""
-    if os.environ.get("JAX_ROPE_TESTS_COMPILATION_CACHE") == "0":
+    cache directory that takes every program, however quick to compile. Under pytest-xdist
+    each worker (and what it starts) gets a subdirectory of the one the controller made: JAX
+    writes an entry in place, and a worker must not read another's half-written entry."""
+    if os.environ.get("JAX_ROPE_TESTS_COMPILATION_CACHE") == "0" or "jax" in sys.modules:
         return
-    if "JAX_COMPILATION_CACHE_DIR" in os.environ or "jax" in sys.modules:
+    session = os.environ.get("JAX_ROPE_TESTS_SESSION_CACHE")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if session is not None and worker is not None:
+        if os.environ.get("JAX_COMPILATION_CACHE_DIR") == session:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(session, worker)
+        return
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return
     path = tempfile.mkdtemp(prefix="jax_rope_tests_compilation_cache_")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     os.environ.update(JAX_COMPILATION_CACHE_DIR=path,
+                      JAX_ROPE_TESTS_SESSION_CACHE=path,
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
