@@ -253,6 +253,22 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
 }
 
+// sum_c a[c] * b[c] in float32, as kLanes partial sums (element c into sum c %
+// kLanes) added in a fixed order at the end: independent chains the compiler
+// vectorizes, where one running sum waits on each add in turn (D = 256: a
+// thousand cycles a row, 8% of a small training step's kernel time).
+template <typename T>
+float RowDot(const T* a, const T* b, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  float part[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) part[j] += ToFloat(a[c + j]) * ToFloat(b[c + j]);
+  }
+  for (; c < n; ++c) part[c % kLanes] += ToFloat(a[c]) * ToFloat(b[c]);
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 }  // namespace
 
 template <typename T>
@@ -267,11 +283,8 @@ void AttentionRowDelta(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t r0 = it.block * kBlockQ, nr = std::min(kBlockQ, band.q_len - r0);
     for (int64_t row = band.q_start + r0; row < band.q_start + r0 + nr; ++row) {
       const int64_t off = Offset(g.out, it.seq, row, it.head);
-      float sum = 0.0f;
-      for (int64_t c = 0; c < g.value_dim; ++c) {
-        sum += ToFloat(a.dout[off + c]) * ToFloat(a.out[off + c]);
-      }
-      row_delta[Offset(g.stats, it.seq, row, it.head)] = sum;
+      row_delta[Offset(g.stats, it.seq, row, it.head)] =
+          RowDot(a.dout + off, a.out + off, g.value_dim);
     }
   }
 }
