@@ -266,6 +266,7 @@ float RowDot(const T* a, const T* b, int64_t n) {
     for (int64_t j = 0; j < kLanes; ++j) part[j] += ToFloat(a[c + j]) * ToFloat(b[c + j]);
   }
   for (; c < n; ++c) part[c % kLanes] += ToFloat(a[c]) * ToFloat(b[c]);
+  static_assert(kLanes == 8, "the fixed-order sum below adds eight partial sums");
   return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
