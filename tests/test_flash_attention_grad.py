@@ -17,6 +17,7 @@ from jax.test_util import check_grads
 import attention_oracle as ao
 import jax_rope as jr
 from attention_oracle import f64
+from conftest import require_backend
 
 N_EXAMPLES = max(3, settings.default.max_examples // 4)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -225,6 +226,20 @@ def test_fully_masked_rows_zero_gradient(backend):
     got = lib_grads(args, kw, np.ones((1, 3, 2, 8), np.float32))
     for g in got:
         assert np.all(g == 0)
+
+
+def test_large_outputs_on_huge_pages():
+    """Outputs of 4 MiB and more (the CPU handlers advise huge pages for them before the
+    kernels' first write): forward and gradients still match the oracle."""
+    require_backend("ffi")
+    rng = rng_for("huge pages")
+    args, kw = ao.make_case(rng, B=1, Sq=1024, Skv=1024, N1=8, N2=8, D=128, sparse_mode=2)
+    assert args[0].nbytes >= 4 << 20
+    with jr.backend("ffi"):
+        out = np.asarray(jax.jit(lambda *a: jr.flash_attention_score(*a, **kw)[0])(*args))
+        ref = ao.flash_attention_score(*(f64(a) for a in args), **kw)[0]
+        np.testing.assert_allclose(f64(out), ref, rtol=2e-5, atol=2e-5)
+        check_grads_vs_refs(args, kw, rng, dense=False)
 
 
 def test_masked_keys_get_exact_zero(backend):

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <new>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "device_kernels/cpu/thread_scratch.h"
 #include "xla_ffi/attention_decode.h"
 #include "xla_ffi/dtype_dispatch.h"
+#include "xla_ffi/huge_pages.h"
 #include "xla_ffi/parallel.h"
 
 namespace ffi = xla::ffi;
@@ -75,6 +77,16 @@ ffi::Error PassScratch(std::optional<cpu::ThreadScratch>& scratch, int64_t float
                       "jax_rope attention: out of memory for kernel scratch");
   }
   return ffi::Error::Success();
+}
+
+// Outputs are fresh buffers more often than not, written once by the kernels:
+// with huge-page advice (huge_pages.h) their first touch faults 512x less often
+// (jitted B16 S512 N16 D64 causal training step on two AVX2 cores: 39k -> 2k
+// page faults, 316 -> 277 ms; at D=256 1229 -> 1068 ms).
+void AdviseOutputs(std::initializer_list<ffi::AnyBuffer*> outputs) {
+  for (ffi::AnyBuffer* buffer : outputs) {
+    AdviseHugePages(buffer->untyped_data(), buffer->size_bytes());
+  }
 }
 
 // ParallelFor for kernels that allocate their scratch: an allocation failure in
@@ -138,6 +150,7 @@ ffi::Error AttentionForwardImpl(
         std::tuple{&*softmax_sum, StatsDims(d), ffi::DataType::F32, "softmax_sum"}}) {
     JAX_ROPE_RETURN_IF_FAILED(CheckResult(*buffer, dims, dtype, name));
   }
+  AdviseOutputs({&*out, &*softmax_max, &*softmax_sum});
   const AttentionGeometry& g = d.geometry;
   ffi::Error status = ffi::Error::Success();
   ffi::Error dispatched = DispatchFloat("attention forward", query.element_type(), [&](auto tag) {
@@ -192,6 +205,7 @@ ffi::Error AttentionScoresImpl(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::
   JAX_ROPE_RETURN_IF_FAILED(CheckResult(*scores, dims, ffi::DataType::F32, "scores"));
   const int64_t strides[3] = {d.packed ? 0 : g.q_heads * d.q_rows * d.kv_rows,
                               d.q_rows * d.kv_rows, d.kv_rows};
+  AdviseOutputs({&*scores});
   float* data = Data<float>(*scores);
   Fill(data, scores->element_count(), cpu::kMaskValue);
   ffi::Error status = ffi::Error::Success();
@@ -235,6 +249,7 @@ ffi::Error AttentionBackwardImpl(
         std::tuple{&*dvalue, DimsOf(value), dtype, "dvalue"}}) {
     JAX_ROPE_RETURN_IF_FAILED(CheckResult(*buffer, dims, type, name));
   }
+  AdviseOutputs({&*dquery, &*dkey, &*dvalue});
   const AttentionGeometry& g = d.geometry;
   ffi::Error status = ffi::Error::Success();
   ffi::Error dispatched = DispatchFloat("attention backward", dtype, [&](auto tag) {
