@@ -19,17 +19,22 @@ def timeit(fn, *args, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
-def time_calls(calls, *, repeats: int, slow_s: float = 1.0, burst_s: float = 0.03) -> dict:
+def time_calls(calls, *, repeats: int, slow_s: float = 1.0, burst_s: float = 0.03,
+               settle_s: float = 0.02) -> dict:
     """Median wall time in milliseconds of each `calls[name]()` (which must block until its
     result is ready and has been called once already, so it is compiled), timed in `repeats`
     interleaved rounds: the machine's drift over a row (this VM's speed moves by 10-15%
     within a minute) reaches every implementation alike. A first round times one call of
     each: a call slower than `slow_s` keeps that single time; a call shorter than `burst_s`
     is then timed as bursts of calls lasting about `burst_s`, each after one untimed call, so
-    that what the previous implementation leaves behind (its threads still spinning, its
-    memory churn) lands on the untimed call rather than on a sub-millisecond measurement."""
+    that what the previous implementation leaves behind (its memory churn) lands on the
+    untimed call rather than on a sub-millisecond measurement. Each turn starts `settle_s`
+    after the previous one ended: torch's OpenMP threads spin for about 10 ms after a call,
+    on the cores the next implementation runs on (on two cores they slowed the 30 ms of
+    jax_rope calls after them by 10-20%)."""
     first = {}
     for name, call in calls.items():
+        time.sleep(settle_s)
         start = time.perf_counter()
         call()
         first[name] = time.perf_counter() - start
@@ -39,6 +44,7 @@ def time_calls(calls, *, repeats: int, slow_s: float = 1.0, burst_s: float = 0.0
             if first[name] >= slow_s:
                 continue
             count = max(1, min(1000, round(burst_s / max(first[name], 1e-6))))
+            time.sleep(settle_s)
             if count > 1:
                 call()
             start = time.perf_counter()
