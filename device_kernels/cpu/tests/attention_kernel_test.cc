@@ -20,6 +20,7 @@
 
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/dropout_keep.h"
 #include "device_kernels/cpu/tests/attention_cases.h"
 #include "device_kernels/cpu/tests/attention_reference.h"
 #include "device_kernels/cpu/thread_scratch.h"
@@ -313,6 +314,29 @@ void CheckThreefry() {
     }
     return bytes;
   };
+  // The vectorised keep runs (dropout_keep.cc: blocks of counters, a tail)
+  // against the scalar hash, down a column and along a row, counters wrapping.
+  std::mt19937 rng(7);
+  for (int64_t count : {1, 7, 31, 32, 33, 64, 100}) {
+    for (bool down : {false, true}) {
+      const uint32_t k0 = rng(), k1 = rng(), row = rng() | 0xFFFFFFC0u, col = rng();
+      const uint32_t threshold = 0x9999999Au;
+      std::vector<float> got(count + 1, -1.0f);
+      KeepRun(k0, k1, row, col, down, count, threshold, 1.25f, got.data());
+      ++g_checks;
+      for (int64_t t = 0; t <= count; ++t) {
+        const uint32_t step = static_cast<uint32_t>(t);
+        const float want = t == count ? -1.0f  // nothing past the run is written
+                           : Threefry2x32(k0, k1, down ? row + step : row, down ? col : col + step)
+                                       .y0 < threshold ? 1.25f : 0.0f;
+        if (got[t] != want) {
+          Fail("keep run of " + std::to_string(count) + (down ? " down" : " along") +
+               ": position " + std::to_string(t));
+          break;
+        }
+      }
+    }
+  }
   ++g_checks;
   if (packed(0, 1, 2, 5, 0.5) != std::vector<uint8_t>{0xA3, 0x03}) Fail("keep mask key(0)");
   ++g_checks;
