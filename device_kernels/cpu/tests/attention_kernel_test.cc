@@ -319,16 +319,19 @@ void CheckThreefry() {
   std::mt19937 rng(7);
   for (int64_t count : {1, 7, 31, 32, 33, 64, 100}) {
     for (bool down : {false, true}) {
-      const uint32_t k0 = rng(), k1 = rng(), row = rng() | 0xFFFFFFC0u, col = rng();
+      const uint32_t k0 = rng(), k1 = rng();
+      const uint32_t row = rng() | 0xFFFFFFC0u, col = rng() | 0xFFFFFFC0u;  // within 64 of 2^32
       const uint32_t threshold = 0x9999999Au;
       std::vector<float> got(count + 1, -1.0f);
       KeepRun(k0, k1, row, col, down, count, threshold, 1.25f, got.data());
       ++g_checks;
       for (int64_t t = 0; t <= count; ++t) {
-        const uint32_t step = static_cast<uint32_t>(t);
-        const float want = t == count ? -1.0f  // nothing past the run is written
-                           : Threefry2x32(k0, k1, down ? row + step : row, down ? col : col + step)
-                                       .y0 < threshold ? 1.25f : 0.0f;
+        float want = -1.0f;  // past the run: not written
+        if (t < count) {
+          const uint32_t step = static_cast<uint32_t>(t);
+          const uint32_t r = down ? row + step : row, c = down ? col : col + step;
+          want = Threefry2x32(k0, k1, r, c).y0 < threshold ? 1.25f : 0.0f;
+        }
         if (got[t] != want) {
           Fail("keep run of " + std::to_string(count) + (down ? " down" : " along") +
                ": position " + std::to_string(t));
