@@ -95,8 +95,13 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
                   reinterpret_cast<const uint16_t*>(a.dout + Offset(g.out, b, row, n)),
                   g.out.seq, v_pairs, kBlockK, ws.dprob, kBlockK);
   } else {
-    ops.gemm(nr, nc, d, q.data, q.ld, 1, ws.t1, kBlockK, ws.s, kBlockK, false);
-    ops.gemm(nr, nc, dv, dout.data, dout.ld, 1, ws.t2, kBlockK, ws.dprob, kBlockK, false);
+    ForEachVisibleStrip(band, r0, nr, c0, nc, false, true, [&](int64_t i, int64_t ni, int64_t j,
+                                                               int64_t nj) {
+      ops.gemm(ni, nj, d, q.data + i * q.ld, q.ld, 1, ws.t1 + j, kBlockK,
+               ws.s + i * kBlockK + j, kBlockK, false);
+      ops.gemm(ni, nj, dv, dout.data + i * dout.ld, dout.ld, 1, ws.t2 + j, kBlockK,
+               ws.dprob + i * kBlockK + j, kBlockK, false);
+    });
   }
   AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
   MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
@@ -107,13 +112,17 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
   if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
   const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-  const auto visible = [&](int64_t j, int64_t i) {
-    return Visible(band, g.mask, b, n, r0 + i, c0 + j);
-  };
-  MaskedGemm(ops, nc, dv, nr, ws.s, 1, kBlockK, dout.data, dout.ld, dval, ws.dvp, full,
-             visible, ws.finite);
-  MaskedGemm(ops, nc, d, nr, ws.dprob, 1, kBlockK, q.data, q.ld, dk, ws.dp, full, visible,
-             ws.finite);
+  ForEachVisibleStrip(band, r0, nr, c0, nc, true, false, [&](int64_t j0, int64_t nj,
+                                                              int64_t i0, int64_t ni) {
+    const auto visible = [&](int64_t j, int64_t i) {
+      return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + j0 + j);
+    };
+    MaskedGemm(ops, nj, dv, ni, ws.s + j0 + i0 * kBlockK, 1, kBlockK,
+               dout.data + i0 * dout.ld, dout.ld, dval + j0 * ws.dvp, ws.dvp, full, visible,
+               ws.finite);
+    MaskedGemm(ops, nj, d, ni, ws.dprob + j0 + i0 * kBlockK, 1, kBlockK, q.data + i0 * q.ld,
+               q.ld, dk + j0 * ws.dp, ws.dp, full, visible, ws.finite);
+  });
   return full;
 }
 
@@ -183,8 +192,13 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
                     kBlockQ, ws.dprob, kBlockQ);
     } else {
       const Operand v = View(value, g.v.seq, nc, dv, false, ws.n2, ws.dvp);
-      ops.gemm(nc, nr, d, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
-      ops.gemm(nc, nr, dv, v.data, v.ld, 1, ws.t2, kBlockQ, ws.dprob, kBlockQ, false);
+      ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
+                                                                int64_t i, int64_t ni) {
+        ops.gemm(nj, ni, d, k.data + j * k.ld, k.ld, 1, ws.t1 + i, kBlockQ,
+                 ws.s + j * kBlockQ + i, kBlockQ, false);
+        ops.gemm(nj, ni, dv, v.data + j * v.ld, v.ld, 1, ws.t2 + i, kBlockQ,
+                 ws.dprob + j * kBlockQ + i, kBlockQ, false);
+      });
     }
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
@@ -194,9 +208,15 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     }
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
     const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-    MaskedGemm(ops, nr, d, nc, ws.dprob, 1, kBlockQ, k.data, k.ld, dq, ws.dp, full,
-               [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
-               ws.finite);
+    ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                                 int64_t p0, int64_t np) {
+      MaskedGemm(ops, ni, d, np, ws.dprob + i0 + p0 * kBlockQ, 1, kBlockQ, k.data + p0 * k.ld,
+                 k.ld, dq + i0 * ws.dp, ws.dp, full,
+                 [&](int64_t i, int64_t p) {
+                   return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
+                 },
+                 ws.finite);
+    });
   }
   StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }
@@ -233,12 +253,16 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
         const bool full = KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc,
                                        ops, ws, bf16, dk, dval);
-        const auto visible = [&](int64_t i, int64_t j) {
-          return Visible(band, g.mask, b, n, r0 + i, c0 + j);
-        };
         const int64_t nr = std::min(kBlockQ, band.q_len - r0);
-        MaskedGemm(ops, nr, d, nc, ws.dprob, kBlockK, 1, kb.data, kb.ld, dq_head + r0 * ldq, ldq,
-                   full, visible, ws.finite);
+        ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                                     int64_t j0, int64_t nj) {
+          const auto visible = [&](int64_t i, int64_t j) {
+            return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + j0 + j);
+          };
+          MaskedGemm(ops, ni, d, nj, ws.dprob + i0 * kBlockK + j0, kBlockK, 1,
+                     kb.data + j0 * kb.ld, kb.ld, dq_head + (r0 + i0) * ldq, ldq, full, visible,
+                     ws.finite);
+        });
       }
     }
     StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);

@@ -92,6 +92,44 @@ inline bool Visible(const Band& band, const ElementMask& mask, int64_t b, int64_
          mask.data[b * mask.batch + n * mask.head + row * mask.row + col * mask.col] == 0;
 }
 
+// A tile's product in strips of kTileAlign along one axis (key rows when
+// by_keys, else query rows), each with the span of the other axis that some row
+// of the strip sees, so that the products of a diagonal tile skip what the band
+// masks for the whole strip (a causal 64 x 64 tile computes 5/8 of itself).
+// What a strip's span leaves out is masked in every row of the strip: the
+// softmax routines give it -inf scores, zero probabilities and zero score
+// gradients whatever a product left there, and an accumulating product adds
+// exactly zero for it. fn(strip start, strip rows, span start, span length),
+// relative to the tile; strips that see nothing are skipped, a covered tile is
+// one strip with the whole span. aligned: span starts rounded down to a
+// multiple of kTileAlign, for products that write whole vectors of C columns
+// from there (their ends stay within RoundUpToTile of the tile).
+template <class Fn>
+void ForEachVisibleStrip(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                         bool by_keys, bool aligned, Fn&& fn) {
+  const int64_t rows = by_keys ? nc : nr, cols = by_keys ? nr : nc;
+  if (band.Covers(r0, nr, c0, nc)) {
+    fn(int64_t{0}, rows, int64_t{0}, cols);
+    return;
+  }
+  for (int64_t s = 0; s < rows; s += kTileAlign) {
+    const int64_t ns = std::min(kTileAlign, rows - s);
+    int64_t first, last;
+    if (by_keys) {
+      band.QueryRange(c0 + s, ns, &first, &last);
+      first -= r0, last -= r0;
+    } else {
+      band.KeyRange(r0 + s, ns, &first, &last);
+      first -= c0, last -= c0;
+    }
+    first = std::max<int64_t>(first, 0);
+    last = std::min(last, cols - 1);
+    if (first > last) continue;
+    if (aligned) first = first / kTileAlign * kTileAlign;
+    fn(s, ns, first, last + 1 - first);
+  }
+}
+
 // Items are (sequence, head, block) with blocks of `block` query (or key) rows;
 // within one (sequence, head) the blocks go 0, last, 1, last - 1, ... so that
 // any run of consecutive items mixes cheap and expensive blocks of a causal

@@ -10,6 +10,8 @@
 // so masked positions never see it; dropout multiplies the probabilities of a
 // tile by keep / keep_prob after the softmax step. Without either, the tile
 // code is the plain path (one branch per tile).
+// The products of a tile the band cuts (the diagonal of a causal band) leave
+// out the strips of it that are masked throughout (ForEachVisibleStrip).
 // The rows of the next key block (dkey/dvalue items: query block) are
 // prefetched while a block is computed: one head's rows lie a page apart, where
 // hardware prefetchers stop. bfloat16 forward scores use the CPU's bf16 dot
@@ -136,7 +138,11 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
                       reinterpret_cast<const uint32_t*>(qt), kBlockQ, ws.s, kBlockQ);
       } else {
-        ops.gemm(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, false);
+        ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
+                                                                  int64_t i, int64_t ni) {
+          ops.gemm(nj, ni, d, k.data + j * k.ld, k.ld, 1, qt + i, kBlockQ,
+                   ws.s + j * kBlockQ + i, kBlockQ, false);
+        });
       }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
@@ -147,9 +153,15 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
       }
       const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-      MaskedGemm(ops, nr, dv, nc, ws.s, 1, kBlockQ, v.data, v.ld, o, ws.dvp, full,
-                 [&](int64_t i, int64_t p) { return Visible(band, g.mask, b, n, r0 + i, c0 + p); },
-                 ws.finite);
+      ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                                   int64_t p0, int64_t np) {
+        MaskedGemm(ops, ni, dv, np, ws.s + i0 + p0 * kBlockQ, 1, kBlockQ, v.data + p0 * v.ld,
+                   v.ld, o + i0 * ws.dvp, ws.dvp, full,
+                   [&](int64_t i, int64_t p) {
+                     return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
+                   },
+                   ws.finite);
+      });
     }
   }
   for (int64_t j = 0; j < count; ++j) {
@@ -186,7 +198,11 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
                            g.head_dim, false, ws.n1, ws.dp);
-    ops.gemm(nc, nr, g.head_dim, k.data, k.ld, 1, ws.t1, kBlockQ, ws.s, kBlockQ, false);
+    ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
+                                                              int64_t i, int64_t ni) {
+      ops.gemm(nj, ni, g.head_dim, k.data + j * k.ld, k.ld, 1, ws.t1 + i, kBlockQ,
+               ws.s + j * kBlockQ + i, kBlockQ, false);
+    });
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
     for (int64_t i = 0; i < nr; ++i) {

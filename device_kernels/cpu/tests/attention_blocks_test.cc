@@ -8,7 +8,12 @@
 //     (KeyBlocks: forward, dquery, scores) or key blocks (QueryBlocks:
 //     dkey/dvalue), and KeyRange/QueryRange contain every visible position;
 //   - when every row of a query block sees some key, the kernels skip every
-//     empty tile of it (the ranges are tight).
+//     empty tile of it (the ranges are tight);
+//   - ForEachVisibleStrip (the products of a partial tile) cuts the tile into
+//     strips of kTileAlign in order, each visible position lies in its strip's
+//     span, aligned spans keep the products' vector writes inside the tile, a
+//     covered tile is one product, and a causal diagonal tile computes 5/8 of
+//     itself.
 // Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <algorithm>
 #include <cstdio>
@@ -20,9 +25,12 @@
 
 namespace {
 
+using jax_rope::cpu::kTileAlign;
+using jax_rope::cpu::RoundUpToTile;
 using jax_rope::cpu::SequenceBand;
 using jax_rope::cpu::attention::Band;
 using jax_rope::cpu::attention::BlockSpan;
+using jax_rope::cpu::attention::ForEachVisibleStrip;
 
 constexpr int32_t kNoLimit = 1 << 30;
 
@@ -53,6 +61,54 @@ std::vector<std::vector<bool>> DenseMask(const SequenceBand& s) {
 
 bool Holds(const BlockSpan& span, int64_t start) { return start >= span.start && start < span.end; }
 
+// The strips of tile rows [r0, r0 + nr) x columns [c0, c0 + nc) along keys
+// (by_keys) or queries; returns the fraction of the tile their products cover.
+double CheckStrips(const SequenceBand& s, const std::vector<std::vector<bool>>& visible,
+                   int64_t bq, int64_t bk, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                   bool by_keys, bool aligned) {
+  const Band band(s);
+  const int64_t rows = by_keys ? nc : nr, cols = by_keys ? nr : nc;
+  const bool covered = band.Covers(r0, nr, c0, nc);
+  std::vector<int64_t> span_start(rows, 0), span_end(rows, 0);  // none: an empty span
+  int64_t next = 0, calls = 0, area = 0;
+  const std::string what =
+      std::string(by_keys ? "key" : "query") + (aligned ? " aligned" : "") + " strips: ";
+  ForEachVisibleStrip(band, r0, nr, c0, nc, by_keys, aligned,
+                      [&](int64_t start, int64_t count, int64_t first, int64_t length) {
+    ++calls;
+    const bool whole = start == 0 && count == rows && first == 0 && length == cols;
+    if (covered && !whole) Fail(s, bq, bk, r0, c0, what + "a covered tile cut");
+    if (!covered && (start < next || start % kTileAlign != 0 ||
+                     count != std::min(kTileAlign, rows - start))) {
+      Fail(s, bq, bk, r0, c0, what + "strip out of order or of the wrong size");
+    }
+    if (first < 0 || length <= 0 || first + length > cols) {
+      Fail(s, bq, bk, r0, c0, what + "span outside the tile");
+    }
+    if (aligned &&
+        (first % kTileAlign != 0 || first + RoundUpToTile(length) > RoundUpToTile(cols))) {
+      Fail(s, bq, bk, r0, c0, what + "span not aligned or written past the tile");
+    }
+    for (int64_t r = std::max<int64_t>(start, 0); r < std::min(start + count, rows); ++r) {
+      span_start[r] = first;
+      span_end[r] = first + length;
+    }
+    next = start + count;
+    area += count * length;
+  });
+  if (covered && calls != 1) Fail(s, bq, bk, r0, c0, what + "a covered tile not one product");
+  for (int64_t i = 0; i < nr; ++i) {
+    for (int64_t j = 0; j < nc; ++j) {
+      if (!visible[r0 + i][c0 + j]) continue;
+      const int64_t r = by_keys ? j : i, c = by_keys ? i : j;
+      if (c < span_start[r] || c >= span_end[r]) {
+        Fail(s, bq, bk, r0, c0, what + "visible position outside its strip's span");
+      }
+    }
+  }
+  return rows * cols == 0 ? 0.0 : double(area) / double(rows * cols);
+}
+
 void CheckBand(const SequenceBand& s, int64_t bq, int64_t bk) {
   const Band band(s);
   const auto visible = DenseMask(s);
@@ -78,6 +134,11 @@ void CheckBand(const SequenceBand& s, int64_t bq, int64_t bk) {
         }
       }
       ++g_tiles;
+      for (bool by_keys : {false, true}) {
+        for (bool aligned : {false, true}) {
+          CheckStrips(s, visible, bq, bk, r0, nr, c0, nc, by_keys, aligned);
+        }
+      }
       if (band.Covers(r0, nr, c0, nc) != all) {
         Fail(s, bq, bk, r0, c0, all ? "full tile not covered" : "covered tile not full");
       }
@@ -155,6 +216,19 @@ int main() {
   if (!(visited > 0.5 && visited < 0.56)) {
     ++g_failures;
     std::printf("FAIL: causal 256x256 visits %.3f of its 16x16 tiles, not about half\n", visited);
+  }
+  // A causal 64 x 64 diagonal tile: strips of 16 see 64, 48, 32 and 16 of it.
+  const SequenceBand causal = Seq(64, 64, -kNoLimit, 0, -kNoLimit);
+  const auto causal_visible = DenseMask(causal);
+  for (bool by_keys : {false, true}) {
+    for (bool aligned : {false, true}) {
+      const double area =
+          CheckStrips(causal, causal_visible, 64, 64, 0, 64, 0, 64, by_keys, aligned);
+      if (area != 0.625) {
+        ++g_failures;
+        std::printf("FAIL: a causal 64x64 tile's strips cover %.3f of it, not 5/8\n", area);
+      }
+    }
   }
   std::printf("%zu bands, %ld tiles (%ld in blocks without dead rows), causal visits %.3f: "
               "%d failures\n",
