@@ -117,11 +117,10 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
     const auto visible = [&](int64_t j, int64_t i) {
       return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + j0 + j);
     };
-    MaskedGemm(ops, nj, dv, ni, ws.s + j0 + i0 * kBlockK, 1, kBlockK,
-               dout.data + i0 * dout.ld, dout.ld, dval + j0 * ws.dvp, ws.dvp, full, visible,
-               ws.finite);
-    MaskedGemm(ops, nj, d, ni, ws.dprob + j0 + i0 * kBlockK, 1, kBlockK, q.data + i0 * q.ld,
-               q.ld, dk + j0 * ws.dp, ws.dp, full, visible, ws.finite);
+    MaskedGemm(ops, nj, dv, ni, ws.s + j0 + i0 * kBlockK, 1, kBlockK, dout.Rows(i0),
+               dval + j0 * ws.dvp, ws.dvp, full, visible, ws.finite);
+    MaskedGemm(ops, nj, d, ni, ws.dprob + j0 + i0 * kBlockK, 1, kBlockK, q.Rows(i0),
+               dk + j0 * ws.dp, ws.dp, full, visible, ws.finite);
   });
   return full;
 }
@@ -210,8 +209,8 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
     ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                  int64_t p0, int64_t np) {
-      MaskedGemm(ops, ni, d, np, ws.dprob + i0 + p0 * kBlockQ, 1, kBlockQ, k.data + p0 * k.ld,
-                 k.ld, dq + i0 * ws.dp, ws.dp, full,
+      MaskedGemm(ops, ni, d, np, ws.dprob + i0 + p0 * kBlockQ, 1, kBlockQ, k.Rows(p0),
+                 dq + i0 * ws.dp, ws.dp, full,
                  [&](int64_t i, int64_t p) {
                    return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
                  },
@@ -260,7 +259,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
             return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + j0 + j);
           };
           MaskedGemm(ops, ni, d, nj, ws.dprob + i0 * kBlockK + j0, kBlockK, 1,
-                     kb.data + j0 * kb.ld, kb.ld, dq_head + (r0 + i0) * ldq, ldq, full, visible,
+                     kb.Rows(j0), dq_head + (r0 + i0) * ldq, ldq, full, visible,
                      ws.finite);
         });
       }

@@ -67,15 +67,17 @@ inline bool AllFinite(const float* x, int64_t rows, int64_t cols, int64_t ld) {
 // C += A * B (TileOps::gemm's operands, m x k times k x n) where A holds
 // probabilities or their gradients, 0 at masked positions, and B is a block of
 // data: a masked position must contribute nothing even where B holds NaN or
-// Inf (0 * NaN is NaN). When every position is visible, or B is finite, the
-// GEMM is exact as it is; otherwise B's non-finite entries are zeroed for the
-// GEMM and added back for the visible positions only. visible(i, p): A(i, p)
-// is a visible position.
+// Inf (0 * NaN is NaN). When every position is visible, or B is finite (known
+// from its copy, or looked at here), the GEMM is exact as it is; otherwise B's
+// non-finite entries are zeroed for the GEMM and added back for the visible
+// positions only. visible(i, p): A(i, p) is a visible position.
 template <typename VisibleFn>
 inline void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, const float* a,
-                       int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                       int64_t a_row, int64_t a_col, const Operand& b_block, float* c,
                        int64_t ldc, bool all_visible, const VisibleFn& visible, float* scratch) {
-  if (all_visible || AllFinite(b, k, n, ldb)) {
+  const float* b = b_block.data;
+  const int64_t ldb = b_block.ld;
+  if (all_visible || b_block.finite || AllFinite(b, k, n, ldb)) {
     ops.gemm(m, n, k, a, a_row, a_col, b, ldb, c, ldc, true);
     return;
   }

@@ -191,7 +191,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
         KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
         ApplyKeep(band, 0, nr, c0, nc, ws.s + h * head_step, keep, kBlock, !dot);
       }
-      MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v.data, v.ld, o,
+      MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v, o,
                  ws.dvp, full,
                  [&](int64_t i, int64_t p) {
                    return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + p);
