@@ -13,7 +13,10 @@
 //     strips of kTileAlign in order, each visible position lies in its strip's
 //     span, aligned spans keep the products' vector writes inside the tile, a
 //     covered tile is one product, and a causal diagonal tile computes 5/8 of
-//     itself.
+//     itself;
+//   - the float32 transposes (TransposeRows, LoadTransposed: 4 x 4 vector
+//     blocks and element-wise edges) against the definition, for every shape
+//     up to 21 x 21, with LoadTransposed's zero padding and nothing else written.
 // Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <algorithm>
 #include <cstdio>
@@ -31,6 +34,8 @@ using jax_rope::cpu::SequenceBand;
 using jax_rope::cpu::attention::Band;
 using jax_rope::cpu::attention::BlockSpan;
 using jax_rope::cpu::attention::ForEachVisibleStrip;
+using jax_rope::cpu::attention::LoadTransposed;
+using jax_rope::cpu::attention::TransposeRows;
 
 constexpr int32_t kNoLimit = 1 << 30;
 
@@ -181,6 +186,35 @@ double CausalVisited(int32_t len, int64_t block) {
   return double(visited) / double(tiles);
 }
 
+// dst (cols lines of ld) after TransposeRows (pad: LoadTransposed) of a rows x
+// cols block with row stride cols + 3: element (r, l) at line l, column r;
+// columns rows..RoundUpToTile(rows) zero when padded; the rest untouched.
+void CheckTranspose(int64_t rows, int64_t cols, bool pad) {
+  const int64_t stride = cols + 3, ld = RoundUpToTile(rows) + 5;
+  std::vector<float> src(std::max<int64_t>(rows * stride, 1));
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i) + 0.5f;
+  constexpr float kUntouched = -7.0f;
+  std::vector<float> dst(std::max<int64_t>(cols * ld, 1), kUntouched);
+  if (pad) {
+    LoadTransposed(src.data(), stride, rows, cols, dst.data(), ld);
+  } else {
+    TransposeRows(src.data(), stride, rows, cols, dst.data(), ld);
+  }
+  const int64_t padded = pad ? RoundUpToTile(rows) : rows;
+  for (int64_t l = 0; l < cols; ++l) {
+    for (int64_t r = 0; r < ld; ++r) {
+      const float want = r < rows ? src[r * stride + l] : r < padded ? 0.0f : kUntouched;
+      if (dst[l * ld + r] != want) {
+        ++g_failures;
+        std::printf("FAIL: %s of %ldx%ld: line %ld column %ld is %g, not %g\n",
+                    pad ? "LoadTransposed" : "TransposeRows", long(rows), long(cols), long(l),
+                    long(r), dst[l * ld + r], want);
+        return;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -216,6 +250,12 @@ int main() {
   if (!(visited > 0.5 && visited < 0.56)) {
     ++g_failures;
     std::printf("FAIL: causal 256x256 visits %.3f of its 16x16 tiles, not about half\n", visited);
+  }
+  for (int64_t rows = 0; rows <= 21; ++rows) {
+    for (int64_t cols = 0; cols <= 21; ++cols) {
+      CheckTranspose(rows, cols, false);
+      CheckTranspose(rows, cols, true);
+    }
   }
   // A causal 64 x 64 diagonal tile: strips of 16 see 64, 48, 32 and 16 of it.
   const SequenceBand causal = Seq(64, 64, -kNoLimit, 0, -kNoLimit);
