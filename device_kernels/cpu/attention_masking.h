@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_staging.h"
 #include "device_kernels/cpu/attention_tiles.h"
 
 namespace jax_rope::cpu::attention {

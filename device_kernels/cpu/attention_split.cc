@@ -17,6 +17,7 @@
 #include "device_kernels/cpu/attention_items.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
+#include "device_kernels/cpu/attention_staging.h"
 #include "device_kernels/cpu/attention_tiles.h"
 
 namespace jax_rope::cpu {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_staging.h"
 
 namespace {
 
