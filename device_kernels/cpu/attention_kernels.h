@@ -211,7 +211,9 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
 // pass 2, and dquery of the group's rows summed in a float32 accumulator
 // (q_len x group x head_dim per item) over the key blocks in ascending order.
 // Five products per tile instead of seven; the results have the bits of passes
-// 2 and 3 (the same sums in the same order). Needs pass 1's row_delta.
+// 2 and 3 (the same sums in the same order). Needs pass 1's row_delta. Where
+// B operands are copied (TileOps::copy_b_blocks), an item copies its group's
+// query and dout rows once (up to 16 MiB per thread), not once per tile.
 int64_t FusedBackwardWorkItems(const AttentionGeometry& g);
 
 template <typename T>

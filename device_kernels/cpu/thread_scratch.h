@@ -13,7 +13,7 @@
 
 namespace jax_rope::cpu {
 
-enum class ScratchRole { kWorkspace, kLanes, kAccumulator, kPass, kCount };
+enum class ScratchRole { kWorkspace, kLanes, kAccumulator, kPackedRows, kPass, kCount };
 
 inline constexpr int64_t kMaxKeptScratchBytes = int64_t{4} << 20;
 
