@@ -227,16 +227,8 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
       ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockQ, true);
     }
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
-    const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-    ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
-                                                                 int64_t p0, int64_t np) {
-      MaskedGemm(ops, ni, d, np, ws.dprob + i0 + p0 * kBlockQ, 1, kBlockQ, k.Rows(p0),
-                 dq + i0 * ws.dp, ws.dp, full,
-                 [&](int64_t i, int64_t p) {
-                   return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
-                 },
-                 ws.finite);
-    });
+    TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.dprob, kBlockQ, k, d, dq,
+                          ws.dp, ws.finite);
   }
   StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }

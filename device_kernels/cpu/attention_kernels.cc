@@ -153,16 +153,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
       }
-      const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
-      ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
-                                                                   int64_t p0, int64_t np) {
-        MaskedGemm(ops, ni, dv, np, ws.s + i0 + p0 * kBlockQ, 1, kBlockQ, v.Rows(p0),
-                   o + i0 * ws.dvp, ws.dvp, full,
-                   [&](int64_t i, int64_t p) {
-                     return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
-                   },
-                   ws.finite);
-      });
+      TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, v, dv, o,
+                            ws.dvp, ws.finite);
     }
   }
   for (int64_t j = 0; j < count; ++j) {

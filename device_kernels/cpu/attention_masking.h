@@ -101,4 +101,24 @@ inline void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, cons
   }
 }
 
+// C (query rows, row stride ldc) += P^T B for a transposed tile P (keys x
+// queries, row stride ld) of query head n: the forward's P V and the two-pass
+// backward's dS K, strip by strip over the keys each strip of query rows sees
+// (ForEachVisibleStrip), each strip a MaskedGemm.
+inline void TransposedTileProduct(const TileOps& ops, const Band& band, const AttentionGeometry& g,
+                                  int64_t b, int64_t n, int64_t r0, int64_t nr, int64_t c0,
+                                  int64_t nc, const float* tile, int64_t ld, const Operand& rows,
+                                  int64_t cols, float* c, int64_t ldc, float* scratch) {
+  const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+  ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                               int64_t p0, int64_t np) {
+    MaskedGemm(ops, ni, cols, np, tile + i0 + p0 * ld, 1, ld, rows.Rows(p0), c + i0 * ldc, ldc,
+               full,
+               [&](int64_t i, int64_t p) {
+                 return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + p0 + p);
+               },
+               scratch);
+  });
+}
+
 }  // namespace jax_rope::cpu::attention

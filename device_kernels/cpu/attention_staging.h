@@ -107,29 +107,32 @@ inline void TransposeFloats(const float* src, int64_t stride, int64_t rows, int6
   }
 }
 
-// The transpose of rows x cols of `src` into dst (cols x rows, row stride ld);
-// nothing past `rows` in dst's rows is written.
+// The transpose of rows x cols of `src` into dst as float32 (cols x rows, row
+// stride ld), zero columns up to RoundUpToTile(rows) when `pad`.
+template <typename T>
+void TransposeToFloat(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
+                      int64_t ld, bool pad) {
+  if constexpr (std::is_same_v<T, float>) {
+    TransposeFloats(src, stride, rows, cols, dst, ld, pad);
+  } else {
+    TransposeBlock(rows, cols, dst, ld, pad,
+                   [&](int64_t r, int64_t c) { return ToFloat(src[r * stride + c]); });
+  }
+}
+
+// The transpose (cols x rows, row stride ld); nothing past `rows` in dst's rows
+// is written.
 template <typename T>
 void TransposeRows(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                    int64_t ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    TransposeFloats(src, stride, rows, cols, dst, ld, false);
-  } else {
-    TransposeBlock(rows, cols, dst, ld, false,
-                   [&](int64_t r, int64_t c) { return ToFloat(src[r * stride + c]); });
-  }
+  TransposeToFloat(src, stride, rows, cols, dst, ld, false);
 }
 
 // The transpose (cols x rows, row stride ld), zero columns up to RoundUpToTile(rows).
 template <typename T>
 void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, float* dst,
                     int64_t ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    TransposeFloats(src, stride, rows, cols, dst, ld, true);
-  } else {
-    TransposeBlock(rows, cols, dst, ld, true,
-                   [&](int64_t r, int64_t c) { return ToFloat(src[r * stride + c]); });
-  }
+  TransposeToFloat(src, stride, rows, cols, dst, ld, true);
 }
 
 // The transpose of a block of rows x cols (cols even) as column pairs for
