@@ -270,18 +270,18 @@ ffi::Error AttentionBackwardImpl(
     const int64_t query_items = cpu::ForwardWorkItems(g, d.seqs);
     // Per pass of the backward: the score, dP and one or two gradient products.
     const double pass_work = PairWork(d, 2.0 * (2 * g.head_dim + g.value_dim));
-    status = GuardedParallelFor(pool, query_items,
-                                2.0 * double(softmax_max.element_count()) * g.value_dim,
-                                [&](int64_t b, int64_t e) {
-      cpu::AttentionRowDelta(g, d.seqs, args, delta, b, e);
-    });
-    if (status.success() && UseFusedBackward(g, d.seqs, pool.num_threads())) {
+    if (UseFusedBackward(g, d.seqs, pool.num_threads())) {  // row deltas included
       status = GuardedParallelFor(pool, cpu::FusedBackwardWorkItems(g), pass_work,
                                   [&](int64_t b, int64_t e) {
         cpu::AttentionBackwardFused(g, d.seqs, args, delta, b, e);
       });
       return;
     }
+    status = GuardedParallelFor(pool, query_items,
+                                2.0 * double(softmax_max.element_count()) * g.value_dim,
+                                [&](int64_t b, int64_t e) {
+      cpu::AttentionRowDelta(g, d.seqs, args, delta, b, e);
+    });
     if (status.success()) {
       status = GuardedParallelFor(pool, cpu::KeyBlockWorkItems(g, d.seqs), pass_work,
                                   [&](int64_t b, int64_t e) {

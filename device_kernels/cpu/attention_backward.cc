@@ -29,6 +29,23 @@ using namespace attention;
 // copies read each query block again for every key block that sees it).
 constexpr int64_t kMaxPackedRowsBytes = int64_t{16} << 20;
 
+// sum_c a[c] * b[c] in float32, as kLanes partial sums (element c into sum c %
+// kLanes) added in a fixed order at the end: independent chains the compiler
+// vectorizes, where one running sum waits on each add in turn (D = 256: a
+// thousand cycles a row, 8% of a small training step's kernel time).
+template <typename T>
+float RowDot(const T* a, const T* b, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  float part[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes) {
+    for (int64_t j = 0; j < kLanes; ++j) part[j] += ToFloat(a[c + j]) * ToFloat(b[c + j]);
+  }
+  for (; c < n; ++c) part[c % kLanes] += ToFloat(a[c]) * ToFloat(b[c]);
+  static_assert(kLanes == 8, "the fixed-order sum below adds eight partial sums");
+  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 // Saved statistics of rows [r0, r0 + nr) as exp shift, 1 / sum and row delta;
 // rows without a visible key (or unusable statistics) get p = 0. Zero padded
 // to RoundUpToTile(nr).
@@ -233,21 +250,28 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }
 
-// dquery, dkey and dvalue of one (sequence, kv head) in one pass: the
-// key-block loop of KeyValueItem, with dS K of each tile also added to a
-// float32 dquery accumulator of the group's rows (dq, group x q_len rows of
-// ws.dp). Key blocks go in ascending order and each tile's products are those
-// of QueryItem (same sums in the same order), so dquery has the bits of the
-// two-pass path whatever the threads.
+// dquery, dkey and dvalue of one (sequence, kv head) in one pass: the row
+// deltas of the group's rows (AttentionRowDelta's), then the key-block loop of
+// KeyValueItem, with dS K of each tile also added to a float32 dquery
+// accumulator of the group's rows (dq, group x q_len rows of ws.dp). Key blocks
+// go in ascending order and each tile's products are those of QueryItem (same
+// sums in the same order), so dquery has the bits of the two-pass path
+// whatever the threads.
 template <typename T>
 void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
-                       const AttentionBackwardArgs<T>& a, const float* row_delta, int64_t b,
+                       const AttentionBackwardArgs<T>& a, float* row_delta, int64_t b,
                        int64_t h, const TileOps& ops, Workspace& ws, float* dq_acc,
                        float* pack, std::vector<PackedRows>& packed) {
   const Band band(seqs[b]);
   const int64_t group = g.q_heads / g.kv_heads, d = g.head_dim, dv = g.value_dim;
   const bool bf16 = Bf16Products<T>(g, ops);
   const int64_t ldq = ws.dp;
+  for (int64_t n = h * group; n < (h + 1) * group; ++n) {  // the group's row deltas
+    for (int64_t row = band.q_start; row < band.q_start + band.q_len; ++row) {
+      const int64_t off = Offset(g.out, b, row, n);
+      row_delta[Offset(g.stats, b, row, n)] = RowDot(a.dout + off, a.out + off, dv);
+    }
+  }
   std::fill(dq_acc, dq_acc + group * band.q_len * ldq, 0.0f);
   if (pack != nullptr) {
     for (int64_t j = 0; j < group; ++j) {
@@ -302,23 +326,6 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
 }
 
-// sum_c a[c] * b[c] in float32, as kLanes partial sums (element c into sum c %
-// kLanes) added in a fixed order at the end: independent chains the compiler
-// vectorizes, where one running sum waits on each add in turn (D = 256: a
-// thousand cycles a row, 8% of a small training step's kernel time).
-template <typename T>
-float RowDot(const T* a, const T* b, int64_t n) {
-  constexpr int64_t kLanes = 8;
-  float part[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes) {
-    for (int64_t j = 0; j < kLanes; ++j) part[j] += ToFloat(a[c + j]) * ToFloat(b[c + j]);
-  }
-  for (; c < n; ++c) part[c % kLanes] += ToFloat(a[c]) * ToFloat(b[c]);
-  static_assert(kLanes == 8, "the fixed-order sum below adds eight partial sums");
-  return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
 }  // namespace
 
 template <typename T>
@@ -365,7 +372,7 @@ int64_t FusedBackwardWorkItems(const AttentionGeometry& g) {
 
 template <typename T>
 void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs,
-                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            const AttentionBackwardArgs<T>& args, float* row_delta,
                             int64_t begin, int64_t end) {
   begin = std::max<int64_t>(begin, 0);
   end = std::min(end, FusedBackwardWorkItems(g));
@@ -400,8 +407,8 @@ void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs
                                           const AttentionBackwardArgs<T>&, const float*,     \
                                           int64_t, int64_t);                                 \
   template void AttentionBackwardFused<T>(const AttentionGeometry&, const SequenceBand*,     \
-                                          const AttentionBackwardArgs<T>&, const float*,     \
-                                          int64_t, int64_t);
+                                          const AttentionBackwardArgs<T>&, float*, int64_t,  \
+                                          int64_t);
 JAX_ROPE_INSTANTIATE(float)
 JAX_ROPE_INSTANTIATE(BFloat16)
 JAX_ROPE_INSTANTIATE(Float16)

@@ -206,19 +206,21 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
                             const AttentionBackwardArgs<T>& args, const float* row_delta,
                             int64_t begin, int64_t end);
 
-// Passes 2 and 3 in one, over (sequence, kv head) items (item t: sequence
+// Passes 1, 2 and 3 in one, over (sequence, kv head) items (item t: sequence
 // t / kv_heads, kv head t % kv_heads): dkey and dvalue block by block as in
 // pass 2, and dquery of the group's rows summed in a float32 accumulator
 // (q_len x group x head_dim per item) over the key blocks in ascending order.
 // Five products per tile instead of seven; the results have the bits of passes
-// 2 and 3 (the same sums in the same order). Needs pass 1's row_delta. Where
-// B operands are copied (TileOps::copy_b_blocks), an item copies its group's
-// query and dout rows once (up to 16 MiB per thread), not once per tile.
+// 2 and 3 (the same sums in the same order). Each item computes pass 1's
+// row_delta for its group's rows first (same bits; row_delta is then scratch
+// laid out like softmax_max, written before it is read). Where B operands are
+// copied (TileOps::copy_b_blocks), an item copies its group's query and dout
+// rows once (up to 16 MiB per thread), not once per tile.
 int64_t FusedBackwardWorkItems(const AttentionGeometry& g);
 
 template <typename T>
 void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs,
-                            const AttentionBackwardArgs<T>& args, const float* row_delta,
+                            const AttentionBackwardArgs<T>& args, float* row_delta,
                             int64_t begin, int64_t end);
 
 // Masked scaled scores (float32): position (i, j) of sequence b and query head
