@@ -1,5 +1,5 @@
 // Shared by the tiled attention kernels (attention_kernels.cc: forward and
-// scores; attention_backward.cc): block sizes, the bf16 product choice, the
+// scores; attention_backward*.cc): block sizes, the bf16 product choice, the
 // key-block rows asked for ahead and the loop over one work-item list. Internal.
 #pragma once
 

@@ -17,7 +17,8 @@
 // hardware prefetchers stop. bfloat16 forward scores use the CPU's bf16 dot
 // products where it has them (TileOps::bf16_gemm, keys read in place).
 // Short query blocks have their own forward (attention_split.cc); the backward
-// items are in attention_backward.cc, what both use in attention_items.h.
+// items are in attention_backward.cc and attention_backward_fused.cc, what all
+// use in attention_items.h.
 #include "device_kernels/cpu/attention_kernels.h"
 
 #include <algorithm>
