@@ -158,3 +158,19 @@ def test_backward_paths_against_oracle(b, n1, n2):
     ref = ao.flash_attention_grad(*(f64(a) for a in args), f64(dout), **ao.ref_kwargs(kw))
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+# Where one kv head's rows are not adjacent and the forward reads every key row three times or
+# more, it reads a head-major copy of K and V (cpu::CopyKeyValueFirst; the native kernel test
+# checks that these shapes take it, and that the copy gives the same bits). BNSD reads in place.
+@pytest.mark.parametrize("layout", ["BSND", "BSH", "SBH", "TND", "BNSD"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_head_major_key_value_copy(layout, dtype):
+    rng = _rng("copy", layout, np.dtype(dtype).name)
+    if layout == "TND":
+        args, kw = ao.make_case(rng, "TND", dtype, N1=8, N2=2, D=64, seq_q=[200, 256],
+                                seq_kv=[200, 256], sparse_mode=0)
+    else:
+        args, kw = ao.make_case(rng, layout, dtype, B=2, Sq=256, Skv=256, N1=8, N2=2, D=64,
+                                sparse_mode=0)
+    _check(args, kw)

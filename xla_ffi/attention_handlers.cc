@@ -166,9 +166,30 @@ ffi::Error AttentionForwardImpl(
     const cpu::SplitForwardPlan split = cpu::PlanSplitForward(g, d.seqs);
     const double forward_work = PairWork(d, 2.0 * (g.head_dim + g.value_dim));
     if (split.groups == 0) {
-      status = GuardedParallelFor(pool, cpu::AttentionForwardWorkItems(g, d.seqs), forward_work,
+      // The forward reads a head-major copy of K and V where it pays (cpu::CopyKeyValueFirst);
+      // without memory for the copy it reads K and V in place.
+      cpu::AttentionGeometry read = g;
+      cpu::AttentionForwardArgs<T> read_args = args;
+      std::optional<cpu::ThreadScratch> copy;
+      if (cpu::CopyKeyValueFirst(g, d.seqs, sizeof(T))) {
+        const cpu::KeyValueCopy plan = cpu::HeadMajorKeyValue(g, d.seqs);
+        const int64_t bytes = plan.elements * int64_t{sizeof(T)};
+        if (PassScratch(copy, (bytes + 3) / 4).success()) {
+          AdviseHugePages(copy->data(), bytes);
+          T* copied = reinterpret_cast<T*>(copy->data());
+          status = GuardedParallelFor(pool, plan.items, double(bytes), [&](int64_t b, int64_t e) {
+            cpu::CopyKeyValue(g, d.seqs, plan, args.key, args.value, copied, b, e);
+          });
+          if (status.failure()) return;
+          read.k = plan.k;
+          read.v = plan.v;
+          read_args.key = copied;
+          read_args.value = copied + plan.value_offset;
+        }
+      }
+      status = GuardedParallelFor(pool, cpu::AttentionForwardWorkItems(read, d.seqs), forward_work,
                                   [&](int64_t b, int64_t e) {
-        cpu::AttentionForward(g, d.seqs, args, b, e);
+        cpu::AttentionForward(read, d.seqs, read_args, b, e);
       });
       return;
     }

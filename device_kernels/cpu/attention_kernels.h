@@ -152,6 +152,45 @@ template <typename T>
 void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
                       const AttentionForwardArgs<T>& args, int64_t begin, int64_t end);
 
+// A copy of key and value with the rows of each kv head adjacent (head-major),
+// for AttentionForward to read instead of K and V: it reads every key block
+// once per work item that sees the block, and where one head's rows lie far
+// apart (BSND: N2 x D elements, a page for N2 = 8, D = 128) those reads come
+// from memory row by row and the rows of a block evict each other in the
+// caches (the rows of one head fall into an eighth of the L2's sets). Rows keep
+// their indices: the copy holds `rows` rows per head (the largest kv_start +
+// kv_len), and the rows of a sequence are copied where it reads them; with a
+// batch stride of 0 (packed TND, or K/V broadcast over the batch) the copy has
+// none either and holds the union of the sequences' rows once.
+struct KeyValueCopy {
+  int64_t items = 0;         // copy work items (runs of rows, every kv head); 0: none
+  int64_t rows = 0;          // rows per kv head in the copy
+  int64_t value_offset = 0;  // elements of the copy before its values (its keys)
+  int64_t elements = 0;      // elements of the copy: keys, then values
+  Strides k, v;              // the copy's strides, in place of g.k and g.v
+};
+
+// The head-major copy of this call's K and V.
+KeyValueCopy HeadMajorKeyValue(const AttentionGeometry& g, const SequenceBand* seqs);
+
+// Whether AttentionForward should read a head-major copy of K and V
+// (HeadMajorKeyValue) instead of K and V: when their rows are not adjacent
+// already and its work items read every key row three times or more, so that
+// the copy (the bytes read and written once, plus the page faults of a fresh
+// buffer) costs less than what it saves (AVX2 Zen 3, two cores: causal B1
+// S4096 N8 D128 about 6% and chunked prefill B1 Sq256 Skv8192 N1=32 N2=8
+// about 9% faster with it). Not for calls whose copy would exceed
+// kMaxKeyValueCopyBytes (`element_bytes` per element).
+inline constexpr int64_t kMaxKeyValueCopyBytes = int64_t{1} << 30;
+bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
+                       int64_t element_bytes);
+
+// Copies items [begin, end) of `plan` (HeadMajorKeyValue(g, seqs)) from key and
+// value into `copy` (plan.elements elements).
+template <typename T>
+void CopyKeyValue(const AttentionGeometry& g, const SequenceBand* seqs, const KeyValueCopy& plan,
+                  const T* key, const T* value, T* copy, int64_t begin, int64_t end);
+
 // Flash-decoding forward for short query blocks (decode, speculative or
 // chunked verification): when every sequence has q_len * (N1 / N2) <= 64, the
 // query rows of the N1 / N2 heads sharing a kv head form one tile, so K and V
