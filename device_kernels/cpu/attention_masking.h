@@ -34,15 +34,30 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
   }
   const ElementMask& mask = g.mask;
   if (band.Covers(r0, nr, c0, nc) && mask.data == nullptr) return;
+  // Row i sees columns [lo(i), hi(i)), both non-decreasing in i.
+  const auto lo = [&](int64_t i) { return std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc); };
+  const auto hi = [&](int64_t i) {
+    return std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo(i), nc);
+  };
+  if (transposed) {  // by stored (key) rows: column j is seen by rows [first, end)
+    for (int64_t j = 0, first = 0, end = 0; j < nc; ++j) {
+      while (first < nr && hi(first) <= j) ++first;
+      while (end < nr && lo(end) <= j) ++end;
+      float* row = s + j * ld;
+      std::fill(row, row + first, kNegInf);
+      std::fill(row + std::max(first, end), row + nr, kNegInf);
+    }
+  }
   for (int64_t i = 0; i < nr; ++i) {
-    const int64_t lo = std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc);
-    const int64_t hi = std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo, nc);
+    const int64_t row_lo = lo(i), row_hi = hi(i);
     float* row = s + i * q_step;
-    for (int64_t j = 0; j < lo; ++j) row[j * k_step] = kNegInf;
-    for (int64_t j = hi; j < nc; ++j) row[j * k_step] = kNegInf;
+    if (!transposed) {
+      for (int64_t j = 0; j < row_lo; ++j) row[j * k_step] = kNegInf;
+      for (int64_t j = row_hi; j < nc; ++j) row[j * k_step] = kNegInf;
+    }
     if (mask.data == nullptr) continue;
     const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
-    for (int64_t j = lo; j < hi; ++j) {
+    for (int64_t j = row_lo; j < row_hi; ++j) {
       if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
     }
   }
