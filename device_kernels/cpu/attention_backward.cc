@@ -35,8 +35,8 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
   float* dk = ws.acc1;
   float* dval = ws.acc2;
-  std::fill(dk, dk + nc * ws.dp, 0.0f);
-  std::fill(dval, dval + nc * ws.dvp, 0.0f);
+  std::fill(dk, dk + nc * ws.ldp, 0.0f);
+  std::fill(dval, dval + nc * ws.ldvp, 0.0f);
   const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
@@ -44,8 +44,8 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
                    dk, dval);
     }
   }
-  StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
-  StoreRows(dval, ws.dvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+  StoreRows(dk, ws.ldp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
+  StoreRows(dval, ws.ldvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
 }
 
 template <typename T>
@@ -71,13 +71,13 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   float* dq = ws.acc1;
-  std::fill(dq, dq + nr * ws.dp, 0.0f);
+  std::fill(dq, dq + nr * ws.ldp, 0.0f);
   const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
-    const Operand k = BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.dp,  // dQ's B
+    const Operand k = BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.ldp,  // dQ's B
                                KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
                                              keys.end));
     if (bf16) {
@@ -86,7 +86,7 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
       ops.bf16_gemm(nc, nr, dv / 2, reinterpret_cast<const uint16_t*>(value), g.v.seq, do_pairs,
                     kBlockQ, ws.dprob, kBlockQ);
     } else {
-      const Operand v = View(value, g.v.seq, nc, dv, false, ws.n2, ws.dvp);
+      const Operand v = View(value, g.v.seq, nc, dv, false, ws.n2, ws.ldvp);
       ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
                                                                 int64_t i, int64_t ni) {
         ops.gemm(nj, ni, d, k.data + j * k.ld, k.ld, 1, ws.t1 + i, kBlockQ,
@@ -103,9 +103,9 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     }
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
     TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.dprob, kBlockQ, k, d, dq,
-                          ws.dp, ws.finite);
+                          ws.ldp, ws.finite);
   }
-  StoreRows(dq, ws.dp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
+  StoreRows(dq, ws.ldp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ constexpr int64_t kMaxPackedRowsBytes = int64_t{16} << 20;
 // dquery, dkey and dvalue of one (sequence, kv head) in one pass: the row
 // deltas of the group's rows (AttentionRowDelta's), then the key-block loop of
 // KeyValueItem, with dS K of each tile also added to a float32 dquery
-// accumulator of the group's rows (dq, group x q_len rows of ws.dp). Key blocks
+// accumulator of the group's rows (dq, group x q_len rows of ws.ldp). Key blocks
 // go in ascending order and each tile's products are those of QueryItem (same
 // sums in the same order), so dquery has the bits of the two-pass path
 // whatever the threads.
@@ -41,7 +41,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const Band band(seqs[b]);
   const int64_t group = g.q_heads / g.kv_heads, d = g.head_dim, dv = g.value_dim;
   const bool bf16 = Bf16Products<T>(g, ops);
-  const int64_t ldq = ws.dp;
+  const int64_t ldq = ws.ldp;
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {  // the group's row deltas
     for (int64_t row = band.q_start; row < band.q_start + band.q_len; ++row) {
       const int64_t off = Offset(g.out, b, row, n);
@@ -52,12 +52,12 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   if (pack != nullptr) {
     for (int64_t j = 0; j < group; ++j) {
       const int64_t n = h * group + j, rows = band.q_len;
-      float* q_rows = pack + j * rows * (ws.dp + ws.dvp);
-      float* dout_rows = q_rows + rows * ws.dp;
+      float* q_rows = pack + j * rows * (ws.ldp + ws.ldvp);
+      float* dout_rows = q_rows + rows * ws.ldp;
       packed[j] = {BOperand(ops, a.query + Offset(g.q, b, band.q_start, n), g.q.seq, rows, d,
-                            q_rows, ws.dp, RowsAhead{}),
+                            q_rows, ws.ldp, RowsAhead{}),
                    BOperand(ops, a.dout + Offset(g.out, b, band.q_start, n), g.out.seq, rows, dv,
-                            dout_rows, ws.dvp, RowsAhead{})};
+                            dout_rows, ws.ldvp, RowsAhead{})};
     }
   }
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
@@ -66,11 +66,11 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
     LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
     const Operand kb =
-        BOperand(ops, a.key + k_off, g.k.seq, nc, d, ws.key_rows, ws.dp, RowsAhead{});  // dQ's B
+        BOperand(ops, a.key + k_off, g.k.seq, nc, d, ws.key_rows, ws.ldp, RowsAhead{});  // dQ's B
     float* dk = ws.acc1;
     float* dval = ws.acc2;
-    std::fill(dk, dk + nc * ws.dp, 0.0f);
-    std::fill(dval, dval + nc * ws.dvp, 0.0f);
+    std::fill(dk, dk + nc * ws.ldp, 0.0f);
+    std::fill(dval, dval + nc * ws.ldvp, 0.0f);
     const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
@@ -90,8 +90,8 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         });
       }
     }
-    StoreRows(dk, ws.dp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
-    StoreRows(dval, ws.dvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+    StoreRows(dk, ws.ldp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
+    StoreRows(dval, ws.ldvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
   }
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     const float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
@@ -122,8 +122,8 @@ void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs
     longest = std::max(longest, Band(seqs[t / g.kv_heads]).q_len);
   }
   const int64_t group = g.q_heads / g.kv_heads;
-  const ThreadScratch dq_acc(ScratchRole::kAccumulator, group * longest * ws.dp);
-  const int64_t pack_floats = group * longest * (ws.dp + ws.dvp);
+  const ThreadScratch dq_acc(ScratchRole::kAccumulator, group * longest * ws.ldp);
+  const int64_t pack_floats = group * longest * (ws.ldp + ws.ldvp);
   const bool pack = ops.copy_b_blocks && !Bf16Products<T>(g, ops) &&
                     pack_floats * int64_t{sizeof(float)} <= kMaxPackedRowsBytes;
   const ThreadScratch pack_rows(ScratchRole::kPackedRows, pack ? pack_floats : 0);

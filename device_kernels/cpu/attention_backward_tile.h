@@ -109,10 +109,10 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   }
   const Operand q = packed != nullptr
                         ? packed->query.Rows(r0)
-                        : BOperand(ops, query, g.q.seq, nr, d, ws.n1, ws.dp, next_query);
+                        : BOperand(ops, query, g.q.seq, nr, d, ws.n1, ws.ldp, next_query);
   const Operand dout = packed != nullptr
                            ? packed->dout.Rows(r0)
-                           : BOperand(ops, dout_rows, g.out.seq, nr, dv, ws.n2, ws.dvp, next_dout);
+                           : BOperand(ops, dout_rows, g.out.seq, nr, dv, ws.n2, ws.ldvp, next_dout);
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
   if (bf16) {
     ops.bf16_gemm(nr, nc, d / 2,
@@ -145,9 +145,9 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
       return Visible(band, g.mask, b, n, r0 + i0 + i, c0 + j0 + j);
     };
     MaskedGemm(ops, nj, dv, ni, ws.s + j0 + i0 * kBlockK, 1, kBlockK, dout.Rows(i0),
-               dval + j0 * ws.dvp, ws.dvp, full, visible, ws.finite);
+               dval + j0 * ws.ldvp, ws.ldvp, full, visible, ws.finite);
     MaskedGemm(ops, nj, d, ni, ws.dprob + j0 + i0 * kBlockK, 1, kBlockK, q.Rows(i0),
-               dk + j0 * ws.dp, ws.dp, full, visible, ws.finite);
+               dk + j0 * ws.ldp, ws.ldp, full, visible, ws.finite);
   });
   return full;
 }

@@ -74,7 +74,7 @@ struct ForwardLanes {
   ThreadScratch scratch;
   float *q, *o, *max, *sum;
   ForwardLanes(const AttentionGeometry& g, const Workspace& ws)
-      : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.dvp),
+      : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.ldvp),
         scratch(ScratchRole::kLanes, kForwardLanes * (q_size + o_size + 2 * kBlockQ)),
         q(scratch.data()), o(q + kForwardLanes * q_size), max(o + kForwardLanes * o_size),
         sum(max + kForwardLanes * kBlockQ) {}
@@ -113,7 +113,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       } else {
         LoadTransposed(query, g.q.seq, nr, d, qt, kBlockQ);
       }
-      std::fill(fl.o + j * fl.o_size, fl.o + j * fl.o_size + nr * ws.dvp, 0.0f);
+      std::fill(fl.o + j * fl.o_size, fl.o + j * fl.o_size + nr * ws.ldvp, 0.0f);
       const int64_t nrp = RoundUpToTile(nr);
       std::fill(fl.max + j * kBlockQ, fl.max + j * kBlockQ + nrp, kNegInf);
       std::fill(fl.sum + j * kBlockQ, fl.sum + j * kBlockQ + nrp, 0.0f);
@@ -127,9 +127,9 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const Operand v = BOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
-                               nc, dv, ws.n2, ws.dvp,
+                               nc, dv, ws.n2, ws.ldvp,
                                KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last));
-    const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.dp);
+    const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.ldp);
     for (int64_t j = 0; j < count; ++j) {
       const Lane& l = lanes[j];
       if (c0 < l.keys.start || c0 >= l.keys.end) continue;
@@ -150,13 +150,13 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, fl.max + j * kBlockQ,
-                       fl.sum + j * kBlockQ, o, ws.dvp, nr, ws.dvp);
+                       fl.sum + j * kBlockQ, o, ws.ldvp, nr, ws.dvp);
       if (dropout) {  // the statistics above stay those of the undropped softmax
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
       }
       TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, v, dv, o,
-                            ws.dvp, ws.finite);
+                            ws.ldvp, ws.finite);
     }
   }
   for (int64_t j = 0; j < count; ++j) {
@@ -171,7 +171,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       // A row whose visible scores are all NaN (a NaN key row it sees) keeps max
       // -inf but has a NaN sum: NaN output, not a dead row's zeros.
       const bool dead = mx[i] == kNegInf && sm[i] == 0.0f;
-      StoreRows(o + i * ws.dvp, ws.dvp, 1, dv, dead ? 0.0f : 1.0f / sm[i], out, 0);
+      StoreRows(o + i * ws.ldvp, ws.ldvp, 1, dv, dead ? 0.0f : 1.0f / sm[i], out, 0);
       a.softmax_max[idx] = mx[i] == kNegInf ? kMaskValue : mx[i];
       a.softmax_sum[idx] = dead ? kDeadRowSum : sm[i];
     }
@@ -192,7 +192,7 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
-                           g.head_dim, false, ws.n1, ws.dp);
+                           g.head_dim, false, ws.n1, ws.ldp);
     ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
                                                               int64_t i, int64_t ni) {
       ops.gemm(nj, ni, g.head_dim, k.data + j * k.ld, k.ld, 1, ws.t1 + i, kBlockQ,
