@@ -26,26 +26,17 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
                   const AttentionBackwardArgs<T>& a, const float* row_delta,
                   const WorkItems::Item& it, const TileOps& ops, Workspace& ws) {
   const Band band(seqs[it.seq]);
-  const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads;
-  const int64_t c0 = it.block * kBlockK, nc = std::min(kBlockK, band.kv_len - c0);
-  const int64_t d = g.head_dim, dv = g.value_dim;
-  const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
-  const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
+  const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads, c0 = it.block * kBlockK;
   const bool bf16 = Bf16Products<T>(g, ops);
-  LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
-  float* dk = ws.acc1;
-  float* dval = ws.acc2;
-  std::fill(dk, dk + nc * ws.ldp, 0.0f);
-  std::fill(dval, dval + nc * ws.ldvp, 0.0f);
-  const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
+  const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws);
+  const BlockSpan queries = band.QueryBlocks(c0, block.nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
-      KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16, nullptr,
-                   dk, dval);
+      KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, block.nc, ops, ws, bf16,
+                   nullptr, ws.acc1, ws.acc2);
     }
   }
-  StoreRows(dk, ws.ldp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
-  StoreRows(dval, ws.ldvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+  block.Store(g, a, ws);
 }
 
 template <typename T>

@@ -61,23 +61,17 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     }
   }
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
-    const int64_t nc = std::min(kBlockK, band.kv_len - c0);
-    const int64_t k_off = Offset(g.k, b, band.kv_start + c0, h);
-    const int64_t v_off = Offset(g.v, b, band.kv_start + c0, h);
-    LoadKeyBlock(g, a, k_off, v_off, nc, bf16, ws);
-    const Operand kb =
-        BOperand(ops, a.key + k_off, g.k.seq, nc, d, ws.key_rows, ws.ldp, RowsAhead{});  // dQ's B
-    float* dk = ws.acc1;
-    float* dval = ws.acc2;
-    std::fill(dk, dk + nc * ws.ldp, 0.0f);
-    std::fill(dval, dval + nc * ws.ldvp, 0.0f);
+    const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws);
+    const int64_t nc = block.nc;
+    const Operand kb = BOperand(ops, a.key + block.k_off, g.k.seq, nc, d, ws.key_rows, ws.ldp,
+                                RowsAhead{});  // dQ's B
     const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
         const bool full =
             KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16,
-                         pack != nullptr ? &packed[n - h * group] : nullptr, dk, dval);
+                         pack != nullptr ? &packed[n - h * group] : nullptr, ws.acc1, ws.acc2);
         const int64_t nr = std::min(kBlockQ, band.q_len - r0);
         ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                      int64_t j0, int64_t nj) {
@@ -90,8 +84,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         });
       }
     }
-    StoreRows(dk, ws.ldp, nc, d, g.scale, a.dkey + k_off, g.k.seq);
-    StoreRows(dval, ws.ldvp, nc, dv, 1.0f, a.dvalue + v_off, g.v.seq);
+    block.Store(g, a, ws);
   }
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     const float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;

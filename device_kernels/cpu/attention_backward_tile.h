@@ -56,22 +56,38 @@ void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBack
   }
 }
 
-// K and V rows [k_off, v_off) of one key block, transposed into ws.t1 / ws.t2
-// (as bf16 pairs when the products use the bf16 dot instruction).
+// Key block [c0, c0 + nc) of kv head h of sequence b in the backward: its K and
+// V rows transposed into ws.t1 / ws.t2 (as bf16 pairs when the products use the
+// bf16 dot instruction) and its dK / dV accumulators (ws.acc1 / ws.acc2, row
+// strides ws.ldp / ws.ldvp) zeroed; Store writes the accumulators out.
 template <typename T>
-void LoadKeyBlock(const AttentionGeometry& g, const AttentionBackwardArgs<T>& a, int64_t k_off,
-                  int64_t v_off, int64_t nc, bool bf16, Workspace& ws) {
-  const int64_t d = g.head_dim, dv = g.value_dim;
-  if (bf16) {
-    LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, reinterpret_cast<uint32_t*>(ws.t1),
-                        kBlockK);
-    LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, reinterpret_cast<uint32_t*>(ws.t2),
-                        kBlockK);
-  } else {
-    LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
-    LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+struct KeyBlock {
+  int64_t k_off, v_off, nc;
+
+  KeyBlock(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
+           int64_t b, int64_t h, int64_t c0, bool bf16, Workspace& ws)
+      : k_off(Offset(g.k, b, band.kv_start + c0, h)),
+        v_off(Offset(g.v, b, band.kv_start + c0, h)),
+        nc(std::min(kBlockK, band.kv_len - c0)) {
+    const int64_t d = g.head_dim, dv = g.value_dim;
+    if (bf16) {
+      LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, reinterpret_cast<uint32_t*>(ws.t1),
+                          kBlockK);
+      LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, reinterpret_cast<uint32_t*>(ws.t2),
+                          kBlockK);
+    } else {
+      LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
+      LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+    }
+    std::fill(ws.acc1, ws.acc1 + nc * ws.ldp, 0.0f);
+    std::fill(ws.acc2, ws.acc2 + nc * ws.ldvp, 0.0f);
   }
-}
+  void Store(const AttentionGeometry& g, const AttentionBackwardArgs<T>& a,
+             const Workspace& ws) const {
+    StoreRows(ws.acc1, ws.ldp, nc, g.head_dim, g.scale, a.dkey + k_off, g.k.seq);
+    StoreRows(ws.acc2, ws.ldvp, nc, g.value_dim, 1.0f, a.dvalue + v_off, g.v.seq);
+  }
+};
 
 // The query and dout rows of a head as B operands copied once for all the key
 // blocks that read them (the fused backward, where the instruction set copies
