@@ -177,9 +177,10 @@ KeyValueCopy HeadMajorKeyValue(const AttentionGeometry& g, const SequenceBand* s
 // (HeadMajorKeyValue) instead of K and V: when their rows are not adjacent
 // already and its work items read every key row three times or more, so that
 // the copy (the bytes read and written once, plus the page faults of a fresh
-// buffer) costs less than what it saves (AVX2 Zen 3, two cores: causal B1
-// S4096 N8 D128 about 6% and chunked prefill B1 Sq256 Skv8192 N1=32 N2=8
-// about 9% faster with it). Not for calls whose copy would exceed
+// buffer) costs less than what it saves (AVX2 Zen 3, two cores, jitted calls
+// with the copy against without: causal B1 S4096 N8 D128 2.5% and chunked
+// prefill B1 Sq256 Skv8192 N1=32 N2=8 3% faster; with BNSD inputs, nothing to
+// copy, that prefill was faster still). Not for calls whose copy would exceed
 // kMaxKeyValueCopyBytes (`element_bytes` per element).
 inline constexpr int64_t kMaxKeyValueCopyBytes = int64_t{1} << 30;
 bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
