@@ -239,7 +239,6 @@ std::vector<CopySpan> CopySpans(const AttentionGeometry& g, const SequenceBand* 
 // one after the other, where one head's rows would be a page apart.
 constexpr int64_t kCopyRows = 256;
 
-
 }  // namespace
 
 int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
@@ -284,14 +283,10 @@ bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
   const ForwardShape shape = ForwardShapeOf(g);
   const int64_t rows_per_item = kBlockQ * shape.blocks;
   const int64_t items_per_block = g.q_heads / g.kv_heads / shape.heads;
-  int64_t reads = 0, copied = 0, first = plan.rows, last = 0;
+  int64_t reads = 0, copied = 0;
   for (int64_t b = 0; b < g.batch; ++b) {
     const Band band(seqs[b]);
-    if (band.kv_len == 0 || band.q_len == 0) continue;
-    copied += band.kv_len;
-    first = std::min(first, band.kv_start);
-    last = std::max(last, band.kv_start + band.kv_len);
-    for (int64_t r0 = 0; r0 < band.q_len; r0 += rows_per_item) {
+    for (int64_t r0 = 0; r0 < band.q_len && band.kv_len > 0; r0 += rows_per_item) {
       const BlockSpan keys =
           band.KeyBlocks(r0, std::min(rows_per_item, band.q_len - r0), kBlockK);
       if (keys.end > keys.start) {
@@ -299,7 +294,7 @@ bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
       }
     }
   }
-  if (g.k.batch == 0) copied = last - first;
+  for (const CopySpan& span : CopySpans(g, seqs)) copied += span.last - span.first;
   constexpr int64_t kMinReadsPerRow = 3;
   return copied > 0 && reads >= kMinReadsPerRow * copied;
 }
