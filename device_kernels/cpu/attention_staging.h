@@ -161,22 +161,6 @@ struct Operand {
   Operand Rows(int64_t first) const { return {data + first * ld, ld, finite}; }
 };
 
-// A float32 row copied to dst, zero columns up to RoundUpToTile(cols); returns
-// whether it is finite (no float with all exponent bits set: integer tests on
-// the bits, in the copy's own loop).
-inline bool CopyRow(const float* src, int64_t cols, float* dst) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t non_finite = 0;
-  for (int64_t c = 0; c < cols; ++c) {
-    uint32_t bits;
-    std::memcpy(&bits, src + c, sizeof bits);
-    non_finite |= (bits & kExponent) == kExponent;
-    std::memcpy(dst + c, &bits, sizeof bits);
-  }
-  for (int64_t c = cols; c < RoundUpToTile(cols); ++c) dst[c] = 0.0f;
-  return non_finite == 0;
-}
-
 template <typename T>
 Operand View(const T* src, int64_t stride, int64_t rows, int64_t cols, bool b_operand,
              float* scratch, int64_t ld) {
@@ -205,7 +189,7 @@ Operand BOperand(const TileOps& ops, const T* src, int64_t stride, int64_t rows,
   for (int64_t r = 0; r < rows; ++r) {
     ahead.Fetch(r);
     if constexpr (std::is_same_v<T, float>) {
-      finite &= CopyRow(src + r * stride, cols, scratch + r * ld);
+      finite &= ops.copy_row(src + r * stride, cols, scratch + r * ld);
     } else {
       LoadBlock(src + r * stride, 0, 1, cols, scratch + r * ld, ld);
     }
@@ -216,8 +200,14 @@ Operand BOperand(const TileOps& ops, const T* src, int64_t stride, int64_t rows,
 template <typename T>
 void StoreRows(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor, T* dst,
                int64_t stride) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) dst[r * stride + c] = FromFloat<T>(src[r * ld + c] * factor);
+  if constexpr (std::is_same_v<T, float>) {
+    GetTileOps().scale_rows(src, ld, rows, cols, factor, dst, stride);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        dst[r * stride + c] = FromFloat<T>(src[r * ld + c] * factor);
+      }
+    }
   }
 }
 

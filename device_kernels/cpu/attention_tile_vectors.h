@@ -12,7 +12,6 @@
 #include <limits>
 
 #include "device_kernels/cpu/attention_tiles.h"
-#include "device_kernels/cpu/float_convert.h"
 
 #define JAX_ROPE_INLINE inline __attribute__((always_inline))
 
@@ -106,21 +105,6 @@ JAX_ROPE_INLINE void Exp(typename Isa::V& x) {
   VI scale = ((VI)t - (VI)magic + 127) << 23;  // 2^n; vector casts reinterpret the bits
   scale = x < lo ? VI{} : scale;
   x = y * (V)scale;
-}
-
-// 16-bit floats (T: BFloat16 or Float16, given as bits) to float32 with
-// float_convert.h's ToFloat, zero padded to RoundUpToTile(cols): plain loops
-// that the compiler vectorizes at each instruction set's width.
-template <class T>
-JAX_ROPE_INLINE void WidenRows(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
-                               float* dst, int64_t ld) {
-  const int64_t padded = RoundUpToTile(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* in = src + r * stride;
-    float* out = dst + r * ld;
-    for (int64_t c = 0; c < cols; ++c) out[c] = ToFloat(T{in[c]});
-    for (int64_t c = cols; c < padded; ++c) out[c] = 0.0f;
-  }
 }
 
 template <class Isa>

@@ -15,6 +15,7 @@
 #pragma GCC optimize("fp-contract=fast")
 
 #include "device_kernels/cpu/attention_tile_products.h"
+#include "device_kernels/cpu/attention_tile_rows.h"
 #include "device_kernels/cpu/attention_tile_softmax.h"
 #include "device_kernels/cpu/attention_tile_vectors.h"
 
@@ -62,9 +63,20 @@ using namespace tile_simd;
                           float* dst, int64_t ld) {                                            \
     WidenRows<Float16>(src, stride, rows, cols, dst, ld);                                      \
   }                                                                                            \
+  attr bool CopyRow##Isa(const float* src, int64_t cols, float* dst) {                         \
+    return CopyRowFinite(src, cols, dst);                                                      \
+  }                                                                                            \
+  attr void ScaleRows##Isa(const float* src, int64_t ld, int64_t rows, int64_t cols,           \
+                           float factor, float* dst, int64_t stride) {                         \
+    ScaleRows(src, ld, rows, cols, factor, dst, stride);                                       \
+  }                                                                                            \
+  attr float RowDot##Isa(const float* a, const float* b, int64_t n) {                          \
+    return RowDot8(a, b, n);                                                                   \
+  }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
                                    DotScores##Isa, SoftmaxRows##Isa, nullptr,                  \
-                                   WidenBf16##Isa, WidenF16##Isa,    copy_b};
+                                   WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
+                                   ScaleRows##Isa, RowDot##Isa,      copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
 JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))), true)
@@ -74,7 +86,8 @@ JAX_ROPE_TILE_OPS(Sse2, , true)
 // AVX-512 routines plus the bf16 GEMM (attention_bf16.cc).
 constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,      SoftmaxStepAvx512, SoftmaxGradAvx512,
                                     DotScoresAvx512, SoftmaxRowsAvx512, Bf16GemmAvx512,
-                                    WidenBf16Avx512, WidenF16Avx512, false};
+                                    WidenBf16Avx512, WidenF16Avx512,    CopyRowAvx512,
+                                    ScaleRowsAvx512, RowDotAvx512,      false};
 
 }  // namespace
 

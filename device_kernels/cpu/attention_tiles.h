@@ -114,6 +114,16 @@ struct TileOps {
   void (*widen_f16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
                     float* dst, int64_t ld);
 
+  // float32 rows for the staging code: copy_row copies cols floats of src to
+  // dst, zeros up to RoundUpToTile(cols), and says whether all were finite;
+  // scale_rows sets dst[r * stride + c] = src[r * ld + c] * factor for r < rows,
+  // c < cols (one rounding, the same bits everywhere); row_dot sums a[c] * b[c]
+  // for c < n in eight partial sums (c mod 8) added in a fixed order.
+  bool (*copy_row)(const float* src, int64_t cols, float* dst);
+  void (*scale_rows)(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor,
+                     float* dst, int64_t stride);
+  float (*row_dot)(const float* a, const float* b, int64_t n);
+
   // Whether the kernels copy a float32 block into contiguous rows before a GEMM
   // reads it as its B operand, rather than reading it in place. The GEMM walks
   // down a panel of kNv vectors per row, one cache line on AVX2 and SSE, and

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,6 +135,60 @@ void CheckWiden(void (*widen)(const uint16_t*, int64_t, int64_t, int64_t, float*
       }
       ++g_checks;
       if (!ok) Fail(what + " cols " + std::to_string(cols));
+    }
+  }
+}
+
+// copy_row, scale_rows and row_dot against scalar loops: the copy and the
+// scaled rows bit for bit (zero padding, nothing past it written, the finite
+// flag for NaN and Inf anywhere in the row), the dot product within float32
+// rounding of a float64 sum, on ragged lengths.
+void CheckRowOps(const TileOps& ops, const std::string& isa, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t cols : {1, 7, 8, 16, 37, 128, 257}) {
+    const int64_t padded = RoundUpToTile(cols);
+    std::vector<float> src(cols), dst(padded + 8);
+    for (float& x : src) x = u(rng);
+    for (int64_t bad = -1; bad < cols; bad += std::max<int64_t>(1, cols / 3)) {
+      for (float special : {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity()}) {
+        std::vector<float> row = src;
+        if (bad >= 0) row[bad] = special;
+        std::fill(dst.begin(), dst.end(), 7.0f);
+        const bool finite = ops.copy_row(row.data(), cols, dst.data());
+        bool ok = finite == (bad < 0);
+        for (int64_t c = 0; c < padded + 8; ++c) {
+          const float want = c < cols ? row[c] : (c < padded ? 0.0f : 7.0f);
+          ok = ok && std::memcmp(&dst[c], &want, sizeof want) == 0;
+        }
+        ++g_checks;
+        if (!ok) Fail("copy_row " + isa + " cols " + std::to_string(cols));
+      }
+    }
+    const int64_t rows = 3, ld = padded + 5, stride = cols + 2;
+    std::vector<float> in(rows * ld), out(rows * stride, 7.0f);
+    for (float& x : in) x = u(rng) * 1e3f;
+    const float factor = 0.37f;
+    ops.scale_rows(in.data(), ld, rows, cols, factor, out.data(), stride);
+    bool ok = true;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < stride; ++c) {
+        const float want = c < cols ? in[r * ld + c] * factor : 7.0f;
+        ok = ok && std::memcmp(&out[r * stride + c], &want, sizeof want) == 0;
+      }
+    }
+    ++g_checks;
+    if (!ok) Fail("scale_rows " + isa + " cols " + std::to_string(cols));
+    std::vector<float> b(cols);
+    for (float& x : b) x = u(rng);
+    double want = 0.0, magnitude = 0.0;
+    for (int64_t c = 0; c < cols; ++c) {
+      want += double(src[c]) * b[c];
+      magnitude += std::abs(double(src[c]) * b[c]);
+    }
+    ++g_checks;
+    if (std::abs(ops.row_dot(src.data(), b.data(), cols) - want) > 1e-6 * (1.0 + magnitude)) {
+      Fail("row_dot " + isa + " cols " + std::to_string(cols));
     }
   }
 }
@@ -268,6 +323,7 @@ void CheckTileOps() {
     CheckSoftmaxOps(*ops, names[which], rng);
     CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + names[which], rng);
     CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + names[which], rng);
+    CheckRowOps(*ops, names[which], rng);
   }
 }
 
