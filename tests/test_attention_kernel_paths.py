@@ -90,14 +90,35 @@ def test_decode_bfloat16():
     _check(args, kw)
 
 
-def test_masked_kv_rows_do_not_leak():
-    """NaN/Inf in key/value rows that the band masks out leave the output finite."""
-    rng = _rng("nan")
-    args, kw = ao.make_case(rng, B=1, Sq=1, Skv=1100, N1=4, N2=1, D=64, sparse_mode=4,
-                            pre_tokens=500, next_tokens=0)
+# The decode path reads K and V rows in memory order: the same rows of a run of kv heads in
+# turn where a row's heads lie together (BSND, BSH, SBH, TND), one head's rows at a time where
+# they do not (BNSD); dot scores (G * Sq <= 16) and GEMM scores.
+@pytest.mark.parametrize("layout", ["BSND", "BNSD", "BSH", "SBH", "TND"])
+@pytest.mark.parametrize("group,sq", [(4, 1), (8, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_decode_layouts(layout, group, sq, dtype):
+    rng = _rng("layout", layout, group, sq, np.dtype(dtype).name)
+    if layout == "TND":
+        args, kw = ao.make_case(rng, "TND", dtype, N1=4 * group, N2=4, D=64, seq_q=[sq, sq],
+                                seq_kv=[1100, 700], sparse_mode=3)
+    else:
+        args, kw = ao.make_case(rng, layout, dtype, B=2, Sq=sq, Skv=1100, N1=4 * group, N2=4,
+                                D=64, sparse_mode=3)
+    _check(args, kw)
+
+
+@pytest.mark.parametrize("n2,layout", [(1, "BSND"), (4, "BSND"), (4, "BNSD")])
+def test_masked_kv_rows_do_not_leak(n2, layout):
+    """NaN/Inf in key/value rows that the band masks out (keys 0-598; the block from key 576
+    is partly visible) leave the output finite."""
+    rng = _rng("nan", n2, layout)
+    args, kw = ao.make_case(rng, layout, B=1, Sq=1, Skv=1100, N1=4 * n2, N2=n2, D=64,
+                            sparse_mode=4, pre_tokens=500, next_tokens=0)
     k, v = args[1].copy(), args[2].copy()
-    k[:, :300] = np.nan
-    v[:, :300] = np.inf
+    seq = (slice(None), slice(None), slice(0, 599)) if layout == "BNSD" else \
+        (slice(None), slice(0, 599))
+    k[seq] = np.nan
+    v[seq] = np.inf
     with jr.backend("ffi"):
         out = np.asarray(jr.flash_attention_score(*(jnp.asarray(a) for a in (args[0], k, v)),
                                                   **kw)[0])

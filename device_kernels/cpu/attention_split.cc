@@ -3,18 +3,20 @@
 // whose columns are (head, row) pairs, head-major, so each K/V block is read
 // (and converted) once per group; bias, mask and dropout run per head on that
 // head's columns. Short groups (at most kTileAlign rows) take the dot-product
-// score routine, longer ones the GEMM over the transposed rows. A thread runs
-// the items of up to kRunHeads neighbouring kv heads of one chunk together, key
-// block by key block, so that it walks the key rows of all of them (adjacent
-// in BSND) rather than one head's rows a page apart, which the hardware
-// prefetchers do not follow (AVX2 Zen 3, B8 Skv8192 decode: about 1.1x).
+// score routine, longer ones the GEMM over the transposed rows. Decode reads
+// every K/V byte once and is bound by memory: the tile products read K and V
+// in place, in the order they lie in memory, which the hardware prefetchers
+// follow. Where a key row's kv heads are adjacent (BSND, TND) a thread runs
+// the items of up to kRunHeads neighbouring kv heads of one chunk together,
+// kSubRows rows of each head in turn; walking one head's rows a page apart,
+// they do not (AVX2 Zen 3, B8 Skv8192 N1=32 N2=8 decode, two cores: 40 -> 30
+// ms; one core 60 -> 42 ms; with a copy of each block in memory order 38 ms).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
-#include "device_kernels/cpu/attention_items.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_staging.h"
@@ -29,6 +31,11 @@ using namespace attention;
 constexpr int64_t kBlock = 64;
 static_assert(kSplitKeys % kBlock == 0, "chunks hold whole key blocks");
 constexpr int64_t kRunHeads = 8;
+// Rows of one head per step in memory order (8 and 16 were as fast; the
+// GEMM scores of 32-row groups lost 15% on one core at 8).
+constexpr int64_t kSubRows = 16;
+// Largest V block of a run that the dot scores ask for ahead of its products.
+constexpr int64_t kAskValuesBytes = 64 << 10;
 
 // Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
 // the scratch: padded_rows() maxima, padded_rows() sums, then rows() x dvp
@@ -40,7 +47,9 @@ class SplitItems {
   };
 
   SplitItems(const AttentionGeometry& g, const SequenceBand* seqs)
-      : group_(ValidGeometry(g) ? g.q_heads / g.kv_heads : 0), kv_heads_(g.kv_heads) {
+      : group_(ValidGeometry(g) ? g.q_heads / g.kv_heads : 0),
+        kv_heads_(g.kv_heads),
+        run_heads_(g.k.head < g.k.seq && g.v.head < g.v.seq ? kRunHeads : 1) {
     if (group_ == 0 || g.batch <= 0) return;
     int64_t max_q = 0;
     for (int64_t b = 0; b < g.batch; ++b) max_q = std::max(max_q, Band(seqs[b]).q_len);
@@ -71,13 +80,14 @@ class SplitItems {
     return {seq, rem % kv_heads_, rem / kv_heads_};
   }
   // The end of the run from item t (< end): the next items of the same
-  // sequence and chunk, kRunHeads at most.
+  // sequence and chunk, kRunHeads at most where a key row's heads are adjacent
+  // in memory (BSND, TND), one where each head's rows are (BNSD).
   int64_t RunEnd(int64_t t, int64_t end) const {
-    return std::min({end, t + kv_heads_ - (*this)[t].head, t + kRunHeads});
+    return std::min({end, t + kv_heads_ - (*this)[t].head, t + run_heads_});
   }
 
  private:
-  int64_t group_, kv_heads_, rows_ = 0, slot_ = 0;
+  int64_t group_, kv_heads_, run_heads_, rows_ = 0, slot_ = 0;
   std::vector<int64_t> chunks_, ends_;
 };
 
@@ -103,13 +113,52 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
   }
 }
 
+// Calls fn(t, j0, nj) for the rows [j0, j0 + nj) of key block rows [0, rows)
+// and run items t in [t0, t1) (neighbouring kv heads) in the order their rows
+// lie in memory (strides st): kSubRows rows of each head in turn where a row's
+// heads are adjacent (BSND, TND), all rows of one head after the other where
+// each head's rows are adjacent (BNSD).
+template <typename Fn>
+void InMemoryOrder(const Strides& st, int64_t rows, int64_t t0, int64_t t1, const Fn& fn) {
+  if (st.head < st.seq) {
+    for (int64_t j0 = 0; j0 < rows; j0 += kSubRows) {
+      for (int64_t t = t0; t < t1; ++t) fn(t, j0, std::min(kSubRows, rows - j0));
+    }
+  } else {
+    for (int64_t t = t0; t < t1; ++t) fn(t, 0, rows);
+  }
+}
+
+// Rows [row0, row0 + rows) of kv heads [h0, h0 + heads) of `src` (strides st)
+// as float32 rows (LoadBlock), head h's at dst + (h - h0) * head_size, row
+// stride ld, converted in the order they lie in memory (row by row across the
+// heads where a row's heads are adjacent).
+template <typename T>
+void LoadRunBlocks(const T* src, const Strides& st, int64_t b, int64_t row0, int64_t rows,
+                   int64_t h0, int64_t heads, int64_t cols, float* dst, int64_t ld,
+                   int64_t head_size) {
+  if (st.head < st.seq) {
+    for (int64_t r = 0; r < rows; ++r) {
+      LoadBlock(src + Offset(st, b, row0 + r, h0), st.head, heads, cols, dst + r * ld, head_size);
+    }
+  } else {
+    for (int64_t h = 0; h < heads; ++h) {
+      LoadBlock(src + Offset(st, b, row0, h0 + h), st.seq, rows, cols, dst + h * head_size, ld);
+    }
+  }
+}
+
 // Items [t0, t1) of one run (RunEnd): the same sequence and chunk, neighbouring
 // kv heads; each head's steps are those of the head alone, in the same order.
-// queries: kRunHeads x dp x kBlock floats.
+// Per key block, the scores of every head of the run (K rows in memory order,
+// InMemoryOrder), their softmax steps, then their P V (V rows so). queries:
+// kRunHeads x dp x kBlock floats; tiles: kRunHeads x kBlock x kBlock (a score
+// tile per head); loaded: kRunHeads x kBlock x max(dp, dvp).
 template <typename T>
 void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
               const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t t0, int64_t t1,
-              float* scratch, const TileOps& ops, Workspace& ws, float* queries) {
+              float* scratch, const TileOps& ops, Workspace& ws, float* queries, float* tiles,
+              float* loaded) {
   const SplitItems::Item run = items[t0];
   const Band band(seqs[run.seq]);
   const int64_t b = run.seq, group = items.group(), nr = band.q_len;
@@ -118,7 +167,18 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   const float scale = ScoreScale(g);
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   const bool dot = m <= kTileAlign;
-  const int64_t rp = items.padded_rows(), q_size = ws.dp * kBlock;
+  const int64_t rp = items.padded_rows(), q_size = ws.dp * kBlock, tile_size = kBlock * kBlock;
+  // Dot scores by query rows (keys along vectors: the softmax runs on whole
+  // vectors however few the rows), GEMM scores transposed (queries along them).
+  const int64_t key_step = dot ? 1 : kBlock, head_step = dot ? nr * kBlock : nr;
+  // Dot scores ask for the V rows of their step, when the run's V block is small
+  // enough to wait in L2 for its products (one BNSD head: 32 KiB at D = 128).
+  const bool ask_values = dot && (t1 - t0) * kBlock * dv * int64_t(sizeof(T)) <= kAskValuesBytes;
+  // Float32 rows the products can read are read in place; others are converted
+  // (LoadBlock) block by block for all the run's heads, in memory order too.
+  // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
+  const bool keys_in_place = InPlace<T>(d, dot), values_in_place = InPlace<T>(dv, true);
+  const int64_t loaded_size = kBlock * std::max(ws.dp, ws.dvp);
   // Per head: its slot (maxima, sums, outputs) and packed query rows.
   for (int64_t t = t0; t < t1; ++t) {
     float* slot = scratch + t * items.slot();
@@ -135,70 +195,77 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
     const int64_t nc = std::min(kBlock, band.kv_len - c0);
     const int64_t ncp = RoundUpToTile(nc);
     const bool full = band.Covers(0, nr, c0, nc) && g.mask.data == nullptr;
+    if (!keys_in_place) {
+      LoadRunBlocks(a.key, g.k, b, band.kv_start + c0, nc, run.head, t1 - t0, d, loaded, ws.dp,
+                    loaded_size);
+    }
+    InMemoryOrder(g.k, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
+      const Operand k =
+          keys_in_place
+              ? View(a.key + Offset(g.k, b, band.kv_start + c0 + j0, items[t].head), g.k.seq,
+                     nj, d, dot, ws.n1, ws.dp)
+              : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp, ws.dp};
+      const float* q = queries + (t - t0) * q_size;
+      float* s = tiles + (t - t0) * tile_size + j0 * key_step;
+      if (dot) {
+        RowsAhead values;
+        if (ask_values) {
+          values.streams[0] = RowsAhead::Of(
+              a.value + Offset(g.v, b, band.kv_start + c0 + j0, items[t].head), g.v.seq, dv);
+          values.rows = nj;
+        }
+        ops.dot_scores(nj, m, d, k.data, k.ld, q, ws.dp, s, 1, kBlock, values);
+      } else {
+        ops.gemm(nj, m, d, k.data, k.ld, 1, q, kBlock, s, kBlock, false);
+      }
+    });
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t kvh = items[t].head;
       float* slot = scratch + t * items.slot();
-      float *max = slot, *sum = slot + rp, *o = slot + 2 * rp;
-      const float* q = queries + (t - t0) * q_size;
-      // The next step's K and V rows, asked for while this step reads its own:
-      // K along the dot scores' key rows, V along the value block's copy (or
-      // with K where V is read in place); GEMM scores ask for nothing, so
-      // there both go with the value block.
-      const bool next_head = t + 1 < t1;
-      const RowsAhead next = KeyBlockAhead(g, band, a.key, a.value, b,
-                                           run.head + (next_head ? t + 1 - t0 : 0),
-                                           next_head ? c0 : c0 + kBlock, last, kBlock);
-      RowsAhead with_scores, with_value = next;
-      if (dot) {
-        with_scores = next;
-        if (ops.copy_b_blocks) {
-          with_scores.streams[1] = {};
-          with_value.streams[0] = {};
-        } else {
-          with_value = {};
-        }
+      float* s = tiles + (t - t0) * tile_size;
+      for (int64_t r = 0; dot && r < m; ++r) {
+        std::fill(s + r * kBlock + nc, s + r * kBlock + ncp, kNegInf);
       }
-      // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
-      const Operand k = View(a.key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc, d,
-                             dot, ws.n1, ws.dp);
-      const Operand v = BOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
-                                 nc, dv, ws.n2, ws.dvp, with_value);
-      // Dot scores by query rows (keys along vectors: the softmax runs on whole
-      // vectors however few the rows), GEMM scores transposed (queries along them).
-      const int64_t head_step = dot ? nr * kBlock : nr;  // a head's first score
-      if (dot) {
-        ops.dot_scores(nc, m, d, k.data, k.ld, q, ws.dp, ws.s, 1, kBlock, with_scores);
-        for (int64_t r = 0; r < m; ++r) {
-          std::fill(ws.s + r * kBlock + nc, ws.s + r * kBlock + ncp, kNegInf);
-        }
-      } else {
-        ops.gemm(nc, m, d, k.data, k.ld, 1, q, kBlock, ws.s, kBlock, false);
-        for (int64_t j = 0; j < nc; ++j) {
-          std::fill(ws.s + j * kBlock + m, ws.s + j * kBlock + mp, kNegInf);
-        }
+      for (int64_t j = 0; !dot && j < nc; ++j) {
+        std::fill(s + j * kBlock + m, s + j * kBlock + mp, kNegInf);
       }
       for (int64_t h = 0; h < group; ++h) {
-        float* sh = ws.s + h * head_step;
+        float* sh = s + h * head_step;
         AddBias<T>(g, band, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot);
         MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false);
       }
       if (dot) {
-        ops.softmax_rows(ws.s, kBlock, m, ncp, scale, max, sum, o, ws.dvp, ws.dvp);
+        ops.softmax_rows(s, kBlock, m, ncp, scale, slot, slot + rp, slot + 2 * rp, ws.dvp,
+                         ws.dvp);
       } else {
-        ops.softmax_step(ws.s, kBlock, nc, mp, scale, max, sum, o, ws.dvp, m, ws.dvp);
+        ops.softmax_step(s, kBlock, nc, mp, scale, slot, slot + rp, slot + 2 * rp, ws.dvp, m,
+                         ws.dvp);
       }
       for (int64_t h = 0; h < group && dropout; ++h) {  // statistics stay undropped
         float* keep = ws.keep + h * head_step;
         KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
-        ApplyKeep(band, 0, nr, c0, nc, ws.s + h * head_step, keep, kBlock, !dot);
+        ApplyKeep(band, 0, nr, c0, nc, s + h * head_step, keep, kBlock, !dot);
       }
-      MaskedGemm(ops, m, dv, nc, ws.s, dot ? kBlock : 1, dot ? 1 : kBlock, v, o,
-                 ws.dvp, full,
+    }
+    if (!values_in_place) {
+      LoadRunBlocks(a.value, g.v, b, band.kv_start + c0, nc, run.head, t1 - t0, dv, loaded,
+                    ws.dvp, loaded_size);
+    }
+    InMemoryOrder(g.v, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
+      const int64_t kvh = items[t].head;
+      const Operand v =
+          values_in_place
+              ? View(a.value + Offset(g.v, b, band.kv_start + c0 + j0, kvh), g.v.seq, nj, dv,
+                     true, ws.n2, ws.dvp)
+              : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dvp, ws.dvp};
+
+      MaskedGemm(ops, m, dv, nj, tiles + (t - t0) * tile_size + j0 * key_step, dot ? kBlock : 1,
+                 dot ? 1 : kBlock, v, scratch + t * items.slot() + 2 * rp, ws.dvp, full,
                  [&](int64_t i, int64_t p) {
-                   return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + p);
+                   return Visible(band, g.mask, b, kvh * group + i / nr, i % nr, c0 + j0 + p);
                  },
                  ws.finite);
-    }
+    });
   }
 }
 
@@ -261,9 +328,12 @@ void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
   const TileOps& ops = GetTileOps();
   Workspace ws(g, kBlock);
   ThreadScratch queries(ScratchRole::kLanes, kRunHeads * ws.dp * kBlock);
+  ThreadScratch tiles(ScratchRole::kPackedRows, kRunHeads * kBlock * kBlock);
+  ThreadScratch loaded(ScratchRole::kAccumulator, kRunHeads * kBlock * std::max(ws.dp, ws.dvp));
   for (int64_t t = begin; t < end;) {
     const int64_t run_end = items.RunEnd(t, end);
-    SplitRun(g, seqs, args, items, t, run_end, scratch, ops, ws, queries.data());
+    SplitRun(g, seqs, args, items, t, run_end, scratch, ops, ws, queries.data(), tiles.data(),
+             loaded.data());
     t = run_end;
   }
 }

@@ -161,11 +161,17 @@ struct Operand {
   Operand Rows(int64_t first) const { return {data + first * ld, ld, finite}; }
 };
 
+// Whether View uses a block of T in place.
+template <typename T>
+bool InPlace(int64_t cols, bool b_operand) {
+  return std::is_same_v<T, float> && (!b_operand || cols % kTileAlign == 0);
+}
+
 template <typename T>
 Operand View(const T* src, int64_t stride, int64_t rows, int64_t cols, bool b_operand,
              float* scratch, int64_t ld) {
   if constexpr (std::is_same_v<T, float>) {
-    if (!b_operand || cols % kTileAlign == 0) return {src, stride};
+    if (InPlace<T>(cols, b_operand)) return {src, stride};
   }
   LoadBlock(src, stride, rows, cols, scratch, ld);
   return {scratch, ld};

@@ -129,8 +129,9 @@ struct TileOps {
   // down a panel of kNv vectors per row, one cache line on AVX2 and SSE, and
   // the rows of one head lie a page or more apart, so a panel's rows evict
   // each other from L1. Measured per instruction set: on AVX2 the copies made
-  // the forward 15%, the backward 10% and decode's P.V 10-30% faster; AVX-512
-  // (four lines per panel row) was faster in place.
+  // the forward 15% and the backward 10% faster; AVX-512 (four lines per panel
+  // row) was faster in place. The decode path (attention_split.cc) reads its
+  // blocks in place on every instruction set, kSubRows rows at a time.
   bool copy_b_blocks;
 };
 

@@ -196,6 +196,22 @@ std::vector<Problem> Cases() {
   p.dropout = DropoutMode::kKey;
   p.keep_prob = 0.9;
   cases.push_back(p);
+  // Rows read in memory order: runs of four heads' rows interleaved (BSND) and
+  // one head's rows at a time (BNSD), with dot and GEMM scores.
+  p = Batched("decode G=4 four kv heads", 2, 1, 1100, -kInf, 1099);
+  p.n1 = 16;
+  p.n2 = 4;
+  p.d = p.dv = 64;
+  cases.push_back(p);
+  p.name = "decode bnsd G=4 four kv heads";
+  p.heads_major = true;
+  cases.push_back(p);
+  p = Batched("verify bnsd G=4 gemm scores", 1, 8, 1100, -kInf, 1092);
+  p.heads_major = true;
+  p.n1 = 8;
+  p.n2 = 2;
+  p.d = p.dv = 32;
+  cases.push_back(p);
   p = Batched("verify G=2 gemm scores d=40 dv=24", 1, 20, 1300, -kInf, 1280);
   p.n1 = 4;
   p.n2 = 2;
