@@ -37,6 +37,10 @@ constexpr int64_t kSubRows = 16;
 // Largest V block of a run that the dot scores ask for ahead of its products.
 constexpr int64_t kAskValuesBytes = 64 << 10;
 
+// Whether a key row's kv heads lie next to each other in memory (BSND, TND),
+// rather than each head's rows (BNSD): the order the decode reads rows in.
+bool RowHeadsAdjacent(const Strides& st) { return st.head < st.seq; }
+
 // Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
 // the scratch: padded_rows() maxima, padded_rows() sums, then rows() x dvp
 // outputs.
@@ -49,7 +53,7 @@ class SplitItems {
   SplitItems(const AttentionGeometry& g, const SequenceBand* seqs)
       : group_(ValidGeometry(g) ? g.q_heads / g.kv_heads : 0),
         kv_heads_(g.kv_heads),
-        run_heads_(g.k.head < g.k.seq && g.v.head < g.v.seq ? kRunHeads : 1) {
+        run_heads_(RowHeadsAdjacent(g.k) && RowHeadsAdjacent(g.v) ? kRunHeads : 1) {
     if (group_ == 0 || g.batch <= 0) return;
     int64_t max_q = 0;
     for (int64_t b = 0; b < g.batch; ++b) max_q = std::max(max_q, Band(seqs[b]).q_len);
@@ -120,7 +124,7 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
 // each head's rows are adjacent (BNSD).
 template <typename Fn>
 void InMemoryOrder(const Strides& st, int64_t rows, int64_t t0, int64_t t1, const Fn& fn) {
-  if (st.head < st.seq) {
+  if (RowHeadsAdjacent(st)) {
     for (int64_t j0 = 0; j0 < rows; j0 += kSubRows) {
       for (int64_t t = t0; t < t1; ++t) fn(t, j0, std::min(kSubRows, rows - j0));
     }
@@ -137,7 +141,7 @@ template <typename T>
 void LoadRunBlocks(const T* src, const Strides& st, int64_t b, int64_t row0, int64_t rows,
                    int64_t h0, int64_t heads, int64_t cols, float* dst, int64_t ld,
                    int64_t head_size) {
-  if (st.head < st.seq) {
+  if (RowHeadsAdjacent(st)) {
     for (int64_t r = 0; r < rows; ++r) {
       LoadBlock(src + Offset(st, b, row0 + r, h0), st.head, heads, cols, dst + r * ld, head_size);
     }
