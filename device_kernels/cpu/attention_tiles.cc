@@ -4,6 +4,7 @@
 #include "device_kernels/cpu/attention_tiles.h"
 
 // (The standard headers come in before the pragma below.)
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -106,13 +107,22 @@ const TileOps* TileOpsFor(TileIsa isa) {
   return nullptr;
 }
 
+namespace {
+std::atomic<const TileOps*> g_tile_ops_for_testing{nullptr};
+}  // namespace
+
 const TileOps& GetTileOps() {
-  static const TileOps& ops = [] {
+  static const TileOps& best = [] {
     const TileOps* found = TileOpsFor(TileIsa::kAvx512);
     if (found == nullptr) found = TileOpsFor(TileIsa::kAvx2);
     return found != nullptr ? *found : *TileOpsFor(TileIsa::kBaseline);
   }();
-  return ops;
+  const TileOps* chosen = g_tile_ops_for_testing.load(std::memory_order_acquire);
+  return chosen != nullptr ? *chosen : best;
+}
+
+void UseTileOpsForTesting(const TileOps* ops) {
+  g_tile_ops_for_testing.store(ops, std::memory_order_release);
 }
 
 }  // namespace jax_rope::cpu

@@ -138,6 +138,12 @@ struct TileOps {
 // The routines for the best instruction set of this CPU.
 const TileOps& GetTileOps();
 
+// Tests only: GetTileOps returns *ops from now on (nullptr: this CPU's best
+// again), so that one machine runs the kernels' branches for another
+// instruction set's routines (copy_b_blocks either way, with or without a
+// bf16_gemm). Not to be called while kernels run.
+void UseTileOpsForTesting(const TileOps* ops);
+
 // One instruction set's routines, or nullptr when this CPU lacks it (tests).
 enum class TileIsa { kAvx512, kAvx2, kBaseline };
 const TileOps* TileOpsFor(TileIsa isa);

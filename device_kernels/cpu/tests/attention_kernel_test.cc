@@ -1,5 +1,7 @@
 // Standalone check of the CPU attention kernels against a double-precision
-// reference written from spec/attention.md (no JAX). Built by CMake with the
+// reference written from spec/attention.md (no JAX), every case twice: with this
+// CPU's tile routines, then with the branches those leave out (B blocks copied
+// or in place, bfloat16 scores on a bf16_gemm or widened; see main). Built by CMake with the
 // kernel library as it ships (option JAX_ROPE_BUILD_TESTS; `make kernel-test`
 // builds it in build/tests and runs ctest):
 //   build/tests/attention_kernel_test          # correctness, exit status 1 on failure
@@ -22,6 +24,7 @@
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/tests/attention_cases.h"
 #include "device_kernels/cpu/tests/attention_reference.h"
+#include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
 #include "device_kernels/cpu/thread_scratch.h"
 
 namespace {
@@ -391,16 +394,33 @@ int main(int argc, char** argv) {
     return 0;
   }
   PoisonScratchForTesting(true);  // a kernel reading scratch it did not write shows NaN
-  uint32_t seed = 1;
-  for (const Problem& p : Cases()) {
-    RunProblem<float>(p, seed);
-    RunProblem<Float16>(p, seed);
-    RunProblem<BFloat16>(p, seed);
-    ++seed;
-  }
+  auto run_cases = [] {
+    uint32_t seed = 1;
+    for (const Problem& p : Cases()) {
+      RunProblem<float>(p, seed);
+      RunProblem<Float16>(p, seed);
+      RunProblem<BFloat16>(p, seed);
+      ++seed;
+    }
+  };
+  run_cases();
   ++g_checks;
   if (g_copied_cases == 0) Fail("no case ran through the head-major K/V copy");
-  std::printf("%d checks, %d failures (%d cases also through the K/V copy)\n", g_checks,
-              g_failures, g_copied_cases);
+  // Again with the branches this CPU's routines leave out, each the other way round:
+  // B blocks copied or read in place, and bfloat16 scores widened or on a bf16_gemm
+  // (emulated where the CPU has none: bf16_gemm_emulated.h).
+  TileOps other = GetTileOps();
+  other.copy_b_blocks = !other.copy_b_blocks;
+  const bool emulated = other.bf16_gemm == nullptr;
+  other.bf16_gemm = emulated ? EmulatedBf16Gemm : nullptr;
+  UseTileOpsForTesting(&other);
+  run_cases();
+  UseTileOpsForTesting(nullptr);
+  ++g_checks;
+  if (emulated && g_emulated_bf16_gemm_calls.load() == 0) Fail("no case ran the bf16_gemm");
+  std::printf("%d checks, %d failures (%d cases also through the K/V copy; second pass: B "
+              "blocks %s, bf16_gemm %s)\n",
+              g_checks, g_failures, g_copied_cases, other.copy_b_blocks ? "copied" : "in place",
+              emulated ? "emulated" : "none (widened)");
   return g_failures == 0 ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // Each instruction set's tile routines (attention_tiles.h: the GEMM, the
-// dot-product scores, the softmax steps, the bfloat16 GEMM, 16-bit widening) against naive
-// double-precision evaluations, on edge shapes of every register block, masked
+// dot-product scores, the softmax steps, the bfloat16 GEMM and the kernel test's
+// emulation of it, 16-bit widening) against naive double-precision
+// evaluations, on edge shapes of every register block, masked
 // (-inf) entries, fully masked columns and prior softmax state. An instruction
 // set this CPU lacks is reported and left out. Built and run by ctest (CMake
 // option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
@@ -16,6 +17,7 @@
 
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/float_convert.h"
+#include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
 
 namespace {
 
@@ -193,6 +195,52 @@ void CheckRowOps(const TileOps& ops, const std::string& isa, std::mt19937& rng) 
   }
 }
 
+// A TileOps::bf16_gemm (bf16 inputs: exact products, float32 sums) against a
+// double-precision evaluation.
+void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& name,
+                   std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t m : {1, 4, 7, 64}) {
+    for (int64_t n : {1, 16, 33, 64}) {
+      for (int64_t kp : {1, 20, 64}) {
+        const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
+        std::vector<BFloat16> a(m * lda);
+        std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
+        for (BFloat16& x : a) x = FromFloat<BFloat16>(u(rng));
+        for (int64_t p = 0; p < 2 * kp; ++p) {
+          for (int64_t j = 0; j < n; ++j) bt[p * ldb + j] = FromFloat<BFloat16>(u(rng));
+        }
+        std::vector<uint32_t> pairs(kp * ldb);
+        for (int64_t p = 0; p < kp; ++p) {
+          for (int64_t j = 0; j < ldb; ++j) {
+            pairs[p * ldb + j] = uint32_t{bt[2 * p * ldb + j].bits} |
+                                 uint32_t{bt[(2 * p + 1) * ldb + j].bits} << 16;
+          }
+        }
+        std::vector<float> c(m * ldc, 7.0f);
+        bf16_gemm(m, n, kp, reinterpret_cast<const uint16_t*>(a.data()), lda, pairs.data(), ldb,
+                  c.data(), ldc);
+        double worst = 0.0;
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double want = 0.0;
+            for (int64_t p = 0; p < 2 * kp; ++p) {
+              want += double(ToFloat(a[i * lda + p])) * ToFloat(bt[p * ldb + j]);
+            }
+            worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+          }
+          for (int64_t j = n; j < ldc; ++j) {  // B's zero columns up to RoundUpToTile(n)
+            worst = std::max(worst, double(std::abs(c[i * ldc + j])));
+          }
+        }
+        ++g_checks;
+        if (worst > 1e-4) Fail("bf16_gemm " + name);
+      }
+    }
+  }
+  std::printf("bf16_gemm %s: checked\n", name.c_str());
+}
+
 // Each instruction set's tile routines against a naive evaluation.
 void CheckTileOps() {
   std::mt19937 rng(7);
@@ -282,44 +330,7 @@ void CheckTileOps() {
         }
       }
     }
-    if (ops->bf16_gemm != nullptr) {  // bf16 inputs: exact products, float32 sums
-      for (int64_t m : {1, 4, 7, 64}) {
-        for (int64_t n : {1, 16, 33, 64}) {
-          for (int64_t kp : {1, 20, 64}) {
-            const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
-            std::vector<BFloat16> a(m * lda);
-            std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
-            for (BFloat16& x : a) x = FromFloat<BFloat16>(u(rng));
-            for (int64_t p = 0; p < 2 * kp; ++p) {
-              for (int64_t j = 0; j < n; ++j) bt[p * ldb + j] = FromFloat<BFloat16>(u(rng));
-            }
-            std::vector<uint32_t> pairs(kp * ldb);
-            for (int64_t p = 0; p < kp; ++p) {
-              for (int64_t j = 0; j < ldb; ++j) {
-                pairs[p * ldb + j] = uint32_t{bt[2 * p * ldb + j].bits} |
-                                     uint32_t{bt[(2 * p + 1) * ldb + j].bits} << 16;
-              }
-            }
-            std::vector<float> c(m * ldc, 7.0f);
-            ops->bf16_gemm(m, n, kp, reinterpret_cast<const uint16_t*>(a.data()), lda,
-                           pairs.data(), ldb, c.data(), ldc);
-            double worst = 0.0;
-            for (int64_t i = 0; i < m; ++i) {
-              for (int64_t j = 0; j < n; ++j) {
-                double want = 0.0;
-                for (int64_t p = 0; p < 2 * kp; ++p) {
-                  want += double(ToFloat(a[i * lda + p])) * ToFloat(bt[p * ldb + j]);
-                }
-                worst = std::max(worst, std::abs(want - c[i * ldc + j]));
-              }
-            }
-            ++g_checks;
-            if (worst > 1e-4) Fail(std::string("bf16_gemm ") + names[which]);
-          }
-        }
-      }
-      std::printf("tile ops %s: bf16 dot products checked\n", names[which]);
-    }
+    if (ops->bf16_gemm != nullptr) CheckBf16Gemm(ops->bf16_gemm, names[which], rng);
     CheckSoftmaxOps(*ops, names[which], rng);
     CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + names[which], rng);
     CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + names[which], rng);
@@ -331,6 +342,9 @@ void CheckTileOps() {
 
 int main() {
   CheckTileOps();
+  std::mt19937 rng(11);
+  CheckBf16Gemm(test::EmulatedBf16Gemm, "emulated (attention_kernel_test's, for CPUs without it)",
+                rng);
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
 }
