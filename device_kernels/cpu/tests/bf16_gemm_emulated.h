@@ -9,19 +9,16 @@
 
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/float_convert.h"
 
 namespace jax_rope::cpu::test {
 
 inline std::atomic<int64_t> g_emulated_bf16_gemm_calls{0};
 
 inline float Bf16BitsToFloat(uint32_t bits) {
-  const uint32_t wide = bits << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
+  return ToFloat(BFloat16{static_cast<uint16_t>(bits)});
 }
 
 inline void EmulatedBf16Gemm(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
