@@ -227,11 +227,14 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
       const int64_t kvh = items[t].head;
       float* slot = scratch + t * items.slot();
       float* s = tiles + (t - t0) * tile_size;
-      for (int64_t r = 0; dot && r < m; ++r) {
-        std::fill(s + r * kBlock + nc, s + r * kBlock + ncp, kNegInf);
-      }
-      for (int64_t j = 0; !dot && j < nc; ++j) {
-        std::fill(s + j * kBlock + m, s + j * kBlock + mp, kNegInf);
+      if (dot) {  // -inf padding: the keys of each query row, or the queries of each key row
+        for (int64_t r = 0; r < m; ++r) {
+          std::fill(s + r * kBlock + nc, s + r * kBlock + ncp, kNegInf);
+        }
+      } else {
+        for (int64_t j = 0; j < nc; ++j) {
+          std::fill(s + j * kBlock + m, s + j * kBlock + mp, kNegInf);
+        }
       }
       for (int64_t h = 0; h < group; ++h) {
         float* sh = s + h * head_step;
@@ -262,7 +265,6 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
               ? View(a.value + Offset(g.v, b, band.kv_start + c0 + j0, kvh), g.v.seq, nj, dv,
                      true, ws.n2, ws.dvp)
               : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dvp, ws.dvp};
-
       MaskedGemm(ops, m, dv, nj, tiles + (t - t0) * tile_size + j0 * key_step, dot ? kBlock : 1,
                  dot ? 1 : kBlock, v, scratch + t * items.slot() + 2 * rp, ws.dvp, full,
                  [&](int64_t i, int64_t p) {
