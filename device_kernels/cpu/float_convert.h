@@ -54,10 +54,12 @@ inline float FromFloat<float>(float f) {
 
 template <>
 inline BFloat16 FromFloat<BFloat16>(float f) {
+  // NaN keeps its upper bits and gets the quiet bit; the choice is made on the
+  // 32-bit words so that one shift serves both (vectorised: no 16-bit select).
   const uint32_t u = FloatBits(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return BFloat16{static_cast<uint16_t>(is_nan ? ((u >> 16) | 0x40u) : rounded)};
+  const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const uint32_t word = f != f ? (u | 0x400000u) : rounded;
+  return BFloat16{static_cast<uint16_t>(word >> 16)};
 }
 
 template <>

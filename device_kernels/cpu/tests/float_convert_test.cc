@@ -1,0 +1,202 @@
+// The float32 <-> bfloat16/float16 conversions of float_convert.h against
+// references that decide by value in double precision (the nearer of the two
+// neighbouring 16-bit values, ties to the even one, overflow to inf, NaN kept
+// quiet with its sign), on every 16-bit pattern and on float32 inputs around
+// each rounding boundary; then the same conversions as the RoPE kernels run
+// them, vectorised in each instruction-set clone, on rows with NaN, inf,
+// overflow and ties. Built and run by ctest (CMake option
+// JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/float_convert.h"
+#include "device_kernels/cpu/rope_kernels.h"
+
+namespace {
+
+using namespace jax_rope;
+using namespace jax_rope::cpu;
+
+int g_failures = 0;
+int64_t g_checks = 0;
+
+void Fail(const std::string& what) {
+  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
+}
+
+// Magnitudes (bits without the sign) of the 16-bit formats as doubles; the
+// first pattern past the largest finite one stands for the next power of two,
+// so that rounding to it means overflow.
+double Bf16Magnitude(uint32_t m) {
+  if (m >= 0x7f80u) return std::ldexp(1.0, 128);
+  const uint32_t e = m >> 7, f = m & 0x7fu;
+  return e == 0 ? std::ldexp(double(f), -133) : std::ldexp(double(128 + f), int(e) - 134);
+}
+
+double F16Magnitude(uint32_t m) {
+  if (m >= 0x7c00u) return 65536.0;
+  const uint32_t e = m >> 10, f = m & 0x3ffu;
+  return e == 0 ? std::ldexp(double(f), -24) : std::ldexp(double(1024 + f), int(e) - 25);
+}
+
+// The 16-bit pattern nearest to f by value: the largest magnitude not above |f|
+// (binary search: magnitudes grow with the pattern) or the next one.
+uint16_t NearestPattern(float f, double (*magnitude)(uint32_t), uint32_t inf_bits) {
+  const double a = std::fabs(double(f));
+  uint32_t lo = 0, hi = inf_bits;  // magnitude(lo) <= a < magnitude(hi + 1) holds below
+  while (lo < hi) {
+    const uint32_t mid = (lo + hi + 1) / 2;
+    if (magnitude(mid) <= a) lo = mid; else hi = mid - 1;
+  }
+  uint32_t m = lo;
+  if (m < inf_bits) {
+    const double below = a - magnitude(m), above = magnitude(m + 1) - a;
+    if (above < below || (above == below && (m & 1u))) ++m;
+  }
+  return static_cast<uint16_t>(m | (std::signbit(f) ? 0x8000u : 0u));
+}
+
+uint16_t ReferenceBf16(float f) {
+  if (std::isnan(f)) return static_cast<uint16_t>((FloatBits(f) >> 16) | 0x40u);
+  return NearestPattern(f, Bf16Magnitude, 0x7f80u);
+}
+
+uint16_t ReferenceF16(float f) {
+  if (std::isnan(f)) return std::signbit(f) ? 0xfe00u : 0x7e00u;
+  return NearestPattern(f, F16Magnitude, 0x7c00u);
+}
+
+bool SameFloat(float a, float b) {
+  return std::isnan(a) ? std::isnan(b) : FloatBits(a) == FloatBits(b);
+}
+
+void CheckWidening() {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const uint32_t m = h & 0x7fffu;
+    const double sign = (h & 0x8000u) ? -1.0 : 1.0;
+    const float bf = ToFloat(BFloat16{static_cast<uint16_t>(h)});
+    const float hf = ToFloat(Float16{static_cast<uint16_t>(h)});
+    const float want_bf = m > 0x7f80u ? NAN : float(sign * (m == 0x7f80u ? INFINITY : Bf16Magnitude(m)));
+    const float want_hf = m > 0x7c00u ? NAN : float(sign * (m == 0x7c00u ? INFINITY : F16Magnitude(m)));
+    g_checks += 2;
+    if (!SameFloat(bf, want_bf) || (!std::isnan(bf) && std::signbit(bf) != (sign < 0)))
+      Fail("ToFloat(BFloat16 " + std::to_string(h) + ")");
+    if (!SameFloat(hf, want_hf) || (!std::isnan(hf) && std::signbit(hf) != (sign < 0)))
+      Fail("ToFloat(Float16 " + std::to_string(h) + ")");
+  }
+}
+
+// Every upper half-word with low halves at and around the rounding points of
+// both formats (bfloat16 drops 16 bits, float16 normals 13) and two random ones.
+void CheckNarrowing() {
+  std::mt19937 rng(11);
+  const uint32_t fixed[] = {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x3000u,
+                            0x7fffu, 0x8000u, 0x8001u, 0xefffu, 0xffffu};
+  std::vector<float> row;
+  for (uint32_t upper = 0; upper < 0x10000u; ++upper) {
+    row.clear();
+    for (uint32_t low : fixed) row.push_back(BitsFloat(upper << 16 | low));
+    row.push_back(BitsFloat(upper << 16 | (rng() & 0xffffu)));
+    row.push_back(BitsFloat(upper << 16 | (rng() & 0xffffu)));
+    for (float f : row) {
+      const uint16_t bf = FromFloat<BFloat16>(f).bits, hf = FromFloat<Float16>(f).bits;
+      g_checks += 2;
+      if (bf != ReferenceBf16(f))
+        Fail("FromFloat<BFloat16>(bits " + std::to_string(FloatBits(f)) + ") = " +
+             std::to_string(bf) + ", want " + std::to_string(ReferenceBf16(f)));
+      if (hf != ReferenceF16(f))
+        Fail("FromFloat<Float16>(bits " + std::to_string(FloatBits(f)) + ") = " +
+             std::to_string(hf) + ", want " + std::to_string(ReferenceF16(f)));
+    }
+  }
+}
+
+// The RoPE forward (whichever clone this CPU runs) stores each rotated float32
+// value rounded once: x1 c - x2 s and x2 c + x1 s for half, the same per pair
+// for interleave. Inputs are 16-bit values, so the products are exact in
+// float32 and the expected bits follow from the reference of one rounding.
+template <typename T>
+void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)) {
+  const int64_t batch = 2, seq = 5, heads = 3, dim = 64;
+  RopeGeometry g;
+  const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
+  const std::string err = MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, q, c, c, &g);
+  if (!err.empty()) return Fail("geometry: " + err);
+  std::mt19937 rng(static_cast<uint32_t>(mode * 2 + in_place));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3.0e38f, -3.0e38f, 1.0e-40f, 0.0f, -0.0f};
+  auto draw = [&](std::vector<T>& v, bool special) {
+    for (T& x : v) {
+      const int pick = static_cast<int>(rng() % 64);
+      x = FromFloat<T>(special && pick < 9 ? specials[pick] : u(rng));
+    }
+  };
+  std::vector<T> query(batch * seq * heads * dim), key(query.size()), cos(seq * dim), sin(seq * dim);
+  draw(query, true);
+  draw(key, true);
+  draw(cos, false);
+  draw(sin, false);
+  std::vector<T> query_out(query.size()), key_out(key.size());
+  const std::vector<T> query_in = query, key_in = key;
+  RopeForwardArgs<T> args{query.data(), key.data(), cos.data(), sin.data(),
+                          in_place ? query.data() : query_out.data(),
+                          in_place ? key.data() : key_out.data()};
+  RopeForward<T>(g, args, 0, g.tokens());
+  const std::vector<T>& got_q = in_place ? query : query_out;
+  const std::vector<T>& got_k = in_place ? key : key_out;
+  const int64_t h = dim / 2;
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::vector<T>& in = pass ? key_in : query_in;
+    const std::vector<T>& got = pass ? got_k : got_q;
+    for (int64_t row = 0; row < batch * seq * heads; ++row) {
+      const int64_t pos = (row / heads) % seq;
+      const T* x = in.data() + row * dim;
+      const T* cr = cos.data() + pos * dim;
+      const T* sr = sin.data() + pos * dim;
+      for (int64_t i = 0; i < dim; ++i) {
+        // partner j and the sign of its product, per spec/rope.md
+        int64_t j;
+        float sign;
+        if (mode == static_cast<int32_t>(RotaryMode::kHalf)) {
+          j = i < h ? i + h : i - h;
+          sign = i < h ? -1.0f : 1.0f;
+        } else {
+          j = i ^ 1;
+          sign = (i & 1) ? 1.0f : -1.0f;
+        }
+        const float direct = ToFloat(x[i]) * ToFloat(cr[i]);
+        const float rotated = ToFloat(x[j]) * ToFloat(sr[i]);
+        const float exact = sign < 0 ? direct - rotated : direct + rotated;
+        // A NaN's payload and sign depend on operand order, which the compiler
+        // may swap in a sum: any quiet NaN will do.
+        const uint16_t want = reference(exact), bits = got[row * dim + i].bits;
+        const uint16_t quiet_nan = reference(NAN) & 0x7fffu;
+        ++g_checks;
+        if (std::isnan(exact) ? (bits & quiet_nan) != quiet_nan : bits != want)
+          Fail(std::string(in_place ? "in place " : "") + "mode " + std::to_string(mode) +
+               " row " + std::to_string(row) + " element " + std::to_string(i) + ": " +
+               std::to_string(bits) + ", want " + std::to_string(want));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  CheckWidening();
+  CheckNarrowing();
+  for (int32_t mode : {static_cast<int32_t>(RotaryMode::kHalf), static_cast<int32_t>(RotaryMode::kInterleave)}) {
+    for (bool in_place : {false, true}) {
+      CheckRopeRounding<BFloat16>(mode, in_place, ReferenceBf16);
+      CheckRopeRounding<Float16>(mode, in_place, ReferenceF16);
+    }
+  }
+  std::printf("float_convert_test: %lld checks, %d failures\n", static_cast<long long>(g_checks),
+              g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
