@@ -1,6 +1,8 @@
 // Branch-free conversions between float32 and the 16-bit storage formats.
 // Written with selects instead of branches so loops over rows vectorise.
-// float32 -> 16-bit rounds to nearest even; NaN stays NaN, overflow goes to inf.
+// float32 -> 16-bit rounds to nearest even; overflow goes to inf; NaN stays NaN
+// with its sign and upper payload bits, made quiet (what the hardware
+// conversions do: vcvtps2ph, AVX512_BF16's vcvtneps2bf16).
 #pragma once
 
 #include <cstdint>
@@ -70,14 +72,18 @@ inline Float16 FromFloat<Float16>(float f) {
   uint32_t u = FloatBits(f);
   const uint32_t sign = u & 0x80000000u;
   u ^= sign;
-  // Overflow to inf, NaN to a quiet NaN.
-  const uint32_t big = u > f32_inf ? 0x7e00u : 0x7c00u;
+  // |f|'s bits are below 2^31: compared as int32 (one vector instruction each;
+  // unsigned compares take three).
+  const int32_t a = static_cast<int32_t>(u);
+  // Overflow to inf; NaN keeps its upper payload bits and gets the quiet bit
+  // (as F16C's vcvtps2ph does).
+  const uint32_t big = a > int32_t{f32_inf} ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u;
   // Subnormal results: let the float adder round at the right bit position.
   const uint32_t small = FloatBits(BitsFloat(u) + BitsFloat(denorm_magic)) - denorm_magic;
   // Normal results: rebias and round to nearest even on the dropped 13 bits.
   const uint32_t mant_odd = (u >> 13) & 1u;
   const uint32_t normal = (u + ((15u - 127u) << 23) + 0xfffu + mant_odd) >> 13;
-  const uint32_t o = u >= f16_overflow ? big : (u < (113u << 23) ? small : normal);
+  const uint32_t o = a >= int32_t{f16_overflow} ? big : (a < int32_t{113 << 23} ? small : normal);
   return Float16{static_cast<uint16_t>(o | (sign >> 16))};
 }
 

@@ -1,13 +1,80 @@
 #include "device_kernels/cpu/rope_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace jax_rope::cpu {
 namespace {
+
+// float16 rows convert with F16C's instructions where the CPU has them (8
+// values per instruction; the same values as float_convert.h's selects, which
+// cost 30 vector instructions a vector on AVX2). Called from every clone below,
+// so they are functions of their own, compiled for F16C, chosen at run time.
+std::atomic<bool> g_use_f16c{true};
+
+bool UseF16c() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has && g_use_f16c.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx,f16c"))) void WidenF16c(const Float16* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  if (i < n) {  // the tail through a zero-padded vector
+    uint16_t h[8] = {};
+    float f[8];
+    std::memcpy(h, src + i, (n - i) * sizeof(uint16_t));
+    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
+    std::memcpy(dst + i, f, (n - i) * sizeof(float));
+  }
+}
+
+__attribute__((target("avx,f16c"))) void NarrowF16c(const float* src, int64_t n, Float16* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  if (i < n) {
+    float f[8] = {};
+    uint16_t h[8];
+    std::memcpy(f, src + i, (n - i) * sizeof(float));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(f), _MM_FROUND_TO_NEAREST_INT));
+    std::memcpy(dst + i, h, (n - i) * sizeof(uint16_t));
+  }
+}
+#else
+void WidenF16c(const Float16*, int64_t, float*) {}
+void NarrowF16c(const float*, int64_t, Float16*) {}
+#endif
+
+// Whether T's rows go through float scratch (float16 with F16C) instead of
+// being converted inside the rotation loops.
+template <typename T>
+bool StagedRows() {
+  if constexpr (std::is_same_v<T, Float16>) {
+    return UseF16c();
+  } else {
+    return false;
+  }
+}
 
 // Helpers are inlined into each instruction-set clone of the entry points below
 // (a call out of a clone would run baseline code).
@@ -20,6 +87,12 @@ JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
     return src;
   } else {
+    if constexpr (std::is_same_v<T, Float16>) {
+      if (UseF16c()) {
+        WidenF16c(src, n, scratch);
+        return scratch;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) scratch[i] = ToFloat(src[i]);
     return scratch;
   }
@@ -52,6 +125,9 @@ JAX_ROPE_INLINE float* OutRow(T* dst, float* scratch) {
 template <typename T>
 JAX_ROPE_INLINE void StoreRow(const float* src, int64_t n, T* dst) {
   if constexpr (!std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, Float16>) {
+      if (UseF16c()) return NarrowF16c(src, n, dst);
+    }
     for (int64_t i = 0; i < n; ++i) dst[i] = FromFloat<T>(src[i]);
   }
 }
@@ -122,24 +198,25 @@ JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* 
   }
 }
 
-// Row buffers, each 64-byte aligned: the 16-bit interleaved path stores a row
-// here and reads it back at once, and a vector access split across cache lines
-// would defeat store-to-load forwarding.
+// Row buffers, each 64-byte aligned: the 16-bit interleaved and staged paths
+// store a row here and read it back at once, and a vector access split across
+// cache lines would defeat store-to-load forwarding.
 class Scratch {
  public:
   Scratch(int64_t head_dim, int64_t rotary_dim)
       : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
-        data_(new (std::align_val_t{64}) float[2 * row_ + 4 * table_]()) {}
+        data_(new (std::align_val_t{64}) float[3 * row_ + 4 * table_]()) {}
   ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 
   float* x() { return data_; }
   float* out() { return data_ + row_; }
-  float* c() { return data_ + 2 * row_; }
-  float* s() { return data_ + 2 * row_ + table_; }
-  float* dcos() { return data_ + 2 * row_ + 2 * table_; }
-  float* dsin() { return data_ + 2 * row_ + 3 * table_; }
+  float* input() { return data_ + 2 * row_; }  // the backward's forward input
+  float* c() { return data_ + 3 * row_; }
+  float* s() { return data_ + 3 * row_ + table_; }
+  float* dcos() { return data_ + 3 * row_ + 2 * table_; }
+  float* dsin() { return data_ + 3 * row_ + 3 * table_; }
 
  private:
   static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
@@ -147,30 +224,43 @@ class Scratch {
   float* data_;
 };
 
+// The first r elements of one row in any mode; x_row may be out_row.
+template <typename T>
+JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, const float* c,
+                               const float* s, int64_t r, Scratch& scratch) {
+  switch (mode) {
+    case RotaryMode::kHalf:
+      RotateHalf(x_row, out_row, c, s, r / 2);
+      break;
+    case RotaryMode::kQuarter:  // two independent half rotations
+      RotateHalf(x_row, out_row, c, s, r / 4);
+      RotateHalf(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
+      break;
+    case RotaryMode::kInterleave: {
+      const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
+      float* o = OutRow(out_row, scratch.out());
+      RotateInterleave(x, c, s, o, r);
+      StoreRow(o, r, out_row);
+      break;
+    }
+  }
+}
+
 template <typename T>
 JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
                                   int64_t head_stride, const float* c, const float* s,
                                   Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
+  const bool staged = StagedRows<T>();
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    switch (g.mode) {
-      case RotaryMode::kHalf:
-        RotateHalf(x_row, out_row, c, s, r / 2);
-        break;
-      case RotaryMode::kQuarter:  // two independent half rotations
-        RotateHalf(x_row, out_row, c, s, r / 4);
-        RotateHalf(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
-        break;
-      case RotaryMode::kInterleave: {
-        const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
-        float* o = OutRow(out_row, scratch.out());
-        RotateInterleave(x, c, s, o, r);
-        StoreRow(o, r, out_row);
-        break;
-      }
+    if (staged) {  // widen the row, rotate float rows, narrow the result
+      RotateRow(g.mode, LoadRow(x_row, r, scratch.x()), scratch.out(), c, s, r, scratch);
+      StoreRow(scratch.out(), r, out_row);
+    } else {
+      RotateRow(g.mode, x_row, out_row, c, s, r, scratch);
     }
     if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
   }
@@ -182,10 +272,20 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
                                    const float* s, Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
+  const bool staged = StagedRows<T>();
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    if (input != nullptr) {
+    if (staged) {  // as in ForwardHeads
+      const float* gf = LoadRow(g_row, r, scratch.x());
+      if (input != nullptr) {
+        RotateHalfAdjointWithTables(gf, LoadRow(input + n * head_stride, r, scratch.input()),
+                                    scratch.out(), c, s, scratch.dcos(), scratch.dsin(), r / 2);
+      } else {
+        RotateHalfAdjoint(gf, scratch.out(), c, s, r / 2);
+      }
+      StoreRow(scratch.out(), r, dx_row);
+    } else if (input != nullptr) {
       RotateHalfAdjointWithTables(g_row, input + n * head_stride, dx_row, c, s, scratch.dcos(),
                                   scratch.dsin(), r / 2);
     } else {
@@ -318,6 +418,8 @@ JAX_ROPE_DEFINE(Float16, F16)
                            int64_t begin, int64_t end) {                                   \
     RopeReduceTables##NAME(g, a, begin, end);                                              \
   }
+void UseF16cForTesting(bool use) { g_use_f16c.store(use, std::memory_order_relaxed); }
+
 JAX_ROPE_SPECIALIZE(float, F32)
 JAX_ROPE_SPECIALIZE(BFloat16, BF16)
 JAX_ROPE_SPECIALIZE(Float16, F16)

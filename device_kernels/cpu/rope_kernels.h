@@ -65,4 +65,8 @@ template <typename T>
 void RopeReduceTables(const RopeGeometry& g, const RopeBackwardArgs<T>& args, int64_t begin,
                       int64_t end);
 
+// Test hook: float16 rows convert with F16C where the CPU has it (the default),
+// or with float_convert.h's selects as on CPUs without it (use = false).
+void UseF16cForTesting(bool use);
+
 }  // namespace jax_rope::cpu

@@ -66,7 +66,9 @@ uint16_t ReferenceBf16(float f) {
 }
 
 uint16_t ReferenceF16(float f) {
-  if (std::isnan(f)) return std::signbit(f) ? 0xfe00u : 0x7e00u;
+  if (std::isnan(f)) {
+    return static_cast<uint16_t>((std::signbit(f) ? 0xfe00u : 0x7e00u) | ((FloatBits(f) >> 13) & 0x3ffu));
+  }
   return NearestPattern(f, F16Magnitude, 0x7c00u);
 }
 
@@ -121,7 +123,7 @@ void CheckNarrowing() {
 // float32 and the expected bits follow from the reference of one rounding.
 template <typename T>
 void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)) {
-  const int64_t batch = 2, seq = 5, heads = 3, dim = 64;
+  const int64_t batch = 2, seq = 5, heads = 3, dim = 52;  // rows end in a partial vector
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
   const std::string err = MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, q, c, c, &g);
@@ -158,15 +160,19 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
       const T* cr = cos.data() + pos * dim;
       const T* sr = sin.data() + pos * dim;
       for (int64_t i = 0; i < dim; ++i) {
-        // partner j and the sign of its product, per spec/rope.md
+        // partner j and the sign of its product, per spec/rope.md (quarter: a
+        // half rotation on each half of the row)
         int64_t j;
         float sign;
-        if (mode == static_cast<int32_t>(RotaryMode::kHalf)) {
-          j = i < h ? i + h : i - h;
-          sign = i < h ? -1.0f : 1.0f;
-        } else {
+        if (mode == static_cast<int32_t>(RotaryMode::kInterleave)) {
           j = i ^ 1;
           sign = (i & 1) ? 1.0f : -1.0f;
+        } else {
+          const bool quarter = mode == static_cast<int32_t>(RotaryMode::kQuarter);
+          const int64_t width = quarter ? h / 2 : h;
+          const int64_t block = quarter && i >= h ? h : 0, local = i - block;
+          j = block + (local < width ? local + width : local - width);
+          sign = local < width ? -1.0f : 1.0f;
         }
         const float direct = ToFloat(x[i]) * ToFloat(cr[i]);
         const float rotated = ToFloat(x[j]) * ToFloat(sr[i]);
@@ -185,17 +191,78 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
   }
 }
 
+// The backward's dx (half mode): c g1 + s' g2 and c' g2 - s g1 per pair (s' and
+// c' from the pair's other half), one rounding, with and without the forward
+// inputs (which only add the dcos/dsin sums: checked against the float64
+// oracle by the Python tests).
+template <typename T>
+void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*reference)(float)) {
+  const int64_t batch = 1, seq = 4, heads = 2, dim = 44;
+  RopeGeometry g;
+  const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
+  const std::string err = MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND),
+                                           static_cast<int32_t>(RotaryMode::kHalf), q, q, c, c, &g);
+  if (!err.empty()) return Fail("geometry: " + err);
+  std::mt19937 rng(static_cast<uint32_t>(7 + with_inputs * 2 + in_place));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  auto draw = [&](std::vector<T>& v) {
+    for (T& x : v) x = FromFloat<T>(rng() % 50 == 0 ? NAN : u(rng));
+  };
+  const size_t n = batch * seq * heads * dim;
+  std::vector<T> grad_q(n), grad_k(n), query(n), key(n), cos(seq * dim), sin(seq * dim);
+  for (auto* v : {&grad_q, &grad_k, &query, &key, &cos, &sin}) draw(*v);
+  const std::vector<T> grad_in = grad_q;
+  std::vector<T> dq(n), dk(n), dcos(cos.size()), dsin(sin.size());
+  RopeBackwardArgs<T> args{grad_q.data(), grad_k.data(), cos.data(), sin.data(),
+                           with_inputs ? query.data() : nullptr,
+                           with_inputs ? key.data() : nullptr,
+                           in_place ? grad_q.data() : dq.data(), dk.data(),
+                           with_inputs ? dcos.data() : nullptr, with_inputs ? dsin.data() : nullptr};
+  RopeBackward<T>(g, args, 0, g.tokens());
+  const std::vector<T>& got = in_place ? grad_q : dq;
+  const int64_t h = dim / 2;
+  const uint16_t quiet_nan = reference(NAN) & 0x7fffu;
+  for (int64_t row = 0; row < batch * seq * heads; ++row) {
+    const int64_t pos = row / heads;
+    const T* gr = grad_in.data() + row * dim;
+    const T* cr = cos.data() + pos * dim;
+    const T* sr = sin.data() + pos * dim;
+    for (int64_t i = 0; i < dim; ++i) {
+      const int64_t j = i < h ? i + h : i - h;
+      const float direct = ToFloat(cr[i]) * ToFloat(gr[i]);
+      const float rotated = ToFloat(sr[j]) * ToFloat(gr[j]);
+      const float exact = i < h ? direct + rotated : direct - rotated;
+      const uint16_t want = reference(exact), bits = got[row * dim + i].bits;
+      ++g_checks;
+      if (std::isnan(exact) ? (bits & quiet_nan) != quiet_nan : bits != want)
+        Fail(std::string("backward") + (with_inputs ? " with inputs" : "") +
+             (in_place ? " in place" : "") + " row " + std::to_string(row) + " element " +
+             std::to_string(i) + ": " + std::to_string(bits) + ", want " + std::to_string(want));
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   CheckWidening();
   CheckNarrowing();
-  for (int32_t mode : {static_cast<int32_t>(RotaryMode::kHalf), static_cast<int32_t>(RotaryMode::kInterleave)}) {
+  // float16 twice: with F16C's conversions where this CPU has them, then with
+  // the portable ones that CPUs without F16C run.
+  for (bool f16c : {true, false}) {
+    UseF16cForTesting(f16c);
     for (bool in_place : {false, true}) {
-      CheckRopeRounding<BFloat16>(mode, in_place, ReferenceBf16);
-      CheckRopeRounding<Float16>(mode, in_place, ReferenceF16);
+      for (RotaryMode mode : {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
+        if (f16c) CheckRopeRounding<BFloat16>(static_cast<int32_t>(mode), in_place, ReferenceBf16);
+        CheckRopeRounding<Float16>(static_cast<int32_t>(mode), in_place, ReferenceF16);
+      }
+      for (bool with_inputs : {false, true}) {
+        if (f16c) CheckRopeBackwardRounding<BFloat16>(with_inputs, in_place, ReferenceBf16);
+        CheckRopeBackwardRounding<Float16>(with_inputs, in_place, ReferenceF16);
+      }
     }
   }
+  UseF16cForTesting(true);
   std::printf("float_convert_test: %lld checks, %d failures\n", static_cast<long long>(g_checks),
               g_failures);
   return g_failures == 0 ? 0 : 1;
