@@ -1,10 +1,10 @@
 // The float32 <-> bfloat16/float16 conversions of float_convert.h against
 // references that decide by value in double precision (the nearer of the two
-// neighbouring 16-bit values, ties to the even one, overflow to inf, NaN kept
-// quiet with its sign), on every 16-bit pattern and on float32 inputs around
-// each rounding boundary; then the same conversions as the RoPE kernels run
-// them, vectorised in each instruction-set clone, on rows with NaN, inf,
-// overflow and ties. Built and run by ctest (CMake option
+// neighbouring 16-bit values, ties to the even one, overflow to inf, NaN made
+// quiet with its sign and upper payload bits), on every 16-bit pattern and on
+// float32 inputs around each rounding boundary; then the same conversions as
+// the RoPE kernels run them (the clone this CPU picks, vectorised; float16 with
+// F16C and without), on rows with NaN, inf, overflow and ties. Built and run by ctest (CMake option
 // JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <cmath>
 #include <cstdint>
@@ -67,7 +67,8 @@ uint16_t ReferenceBf16(float f) {
 
 uint16_t ReferenceF16(float f) {
   if (std::isnan(f)) {
-    return static_cast<uint16_t>((std::signbit(f) ? 0xfe00u : 0x7e00u) | ((FloatBits(f) >> 13) & 0x3ffu));
+    const uint32_t quiet = std::signbit(f) ? 0xfe00u : 0x7e00u;
+    return static_cast<uint16_t>(quiet | ((FloatBits(f) >> 13) & 0x3ffu));
   }
   return NearestPattern(f, F16Magnitude, 0x7c00u);
 }
@@ -82,8 +83,10 @@ void CheckWidening() {
     const double sign = (h & 0x8000u) ? -1.0 : 1.0;
     const float bf = ToFloat(BFloat16{static_cast<uint16_t>(h)});
     const float hf = ToFloat(Float16{static_cast<uint16_t>(h)});
-    const float want_bf = m > 0x7f80u ? NAN : float(sign * (m == 0x7f80u ? INFINITY : Bf16Magnitude(m)));
-    const float want_hf = m > 0x7c00u ? NAN : float(sign * (m == 0x7c00u ? INFINITY : F16Magnitude(m)));
+    const float want_bf =
+        m > 0x7f80u ? NAN : float(sign * (m == 0x7f80u ? INFINITY : Bf16Magnitude(m)));
+    const float want_hf =
+        m > 0x7c00u ? NAN : float(sign * (m == 0x7c00u ? INFINITY : F16Magnitude(m)));
     g_checks += 2;
     if (!SameFloat(bf, want_bf) || (!std::isnan(bf) && std::signbit(bf) != (sign < 0)))
       Fail("ToFloat(BFloat16 " + std::to_string(h) + ")");
@@ -126,18 +129,21 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
   const int64_t batch = 2, seq = 5, heads = 3, dim = 52;  // rows end in a partial vector
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
-  const std::string err = MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, q, c, c, &g);
+  const std::string err =
+      MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, q, c, c, &g);
   if (!err.empty()) return Fail("geometry: " + err);
   std::mt19937 rng(static_cast<uint32_t>(mode * 2 + in_place));
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 3.0e38f, -3.0e38f, 1.0e-40f, 0.0f, -0.0f};
+  const float specials[] = {NAN,     -NAN,     INFINITY, -INFINITY, 3.0e38f,
+                            -3.0e38f, 1.0e-40f, 0.0f,     -0.0f};
   auto draw = [&](std::vector<T>& v, bool special) {
     for (T& x : v) {
       const int pick = static_cast<int>(rng() % 64);
       x = FromFloat<T>(special && pick < 9 ? specials[pick] : u(rng));
     }
   };
-  std::vector<T> query(batch * seq * heads * dim), key(query.size()), cos(seq * dim), sin(seq * dim);
+  std::vector<T> query(batch * seq * heads * dim), key(query.size());
+  std::vector<T> cos(seq * dim), sin(seq * dim);
   draw(query, true);
   draw(key, true);
   draw(cos, false);
@@ -217,7 +223,8 @@ void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*refer
                            with_inputs ? query.data() : nullptr,
                            with_inputs ? key.data() : nullptr,
                            in_place ? grad_q.data() : dq.data(), dk.data(),
-                           with_inputs ? dcos.data() : nullptr, with_inputs ? dsin.data() : nullptr};
+                           with_inputs ? dcos.data() : nullptr,
+                           with_inputs ? dsin.data() : nullptr};
   RopeBackward<T>(g, args, 0, g.tokens());
   const std::vector<T>& got = in_place ? grad_q : dq;
   const int64_t h = dim / 2;
