@@ -65,17 +65,6 @@ void WidenF16c(const Float16*, int64_t, float*) {}
 void NarrowF16c(const float*, int64_t, Float16*) {}
 #endif
 
-// Whether T's rows go through float scratch (float16 with F16C) instead of
-// being converted inside the rotation loops.
-template <typename T>
-bool StagedRows() {
-  if constexpr (std::is_same_v<T, Float16>) {
-    return UseF16c();
-  } else {
-    return false;
-  }
-}
-
 // Helpers are inlined into each instruction-set clone of the entry points below
 // (a call out of a clone would run baseline code).
 #define JAX_ROPE_INLINE [[gnu::always_inline]] inline
@@ -252,7 +241,7 @@ JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, in
                                   Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
-  const bool staged = StagedRows<T>();
+  const bool staged = std::is_same_v<T, Float16> && UseF16c();  // rows through scratch
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
@@ -272,7 +261,7 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
                                    const float* s, Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
-  const bool staged = StagedRows<T>();
+  const bool staged = std::is_same_v<T, Float16> && UseF16c();  // rows through scratch
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
