@@ -20,10 +20,15 @@ namespace {
 using namespace attention;
 
 // The fused backward copies a head group's query and dout rows once per item
-// (where the instruction set copies B operands) up to this size; larger groups
-// copy them per tile as the two-pass backward does. Once per item: the causal
-// B1 S2048 N8 D128 backward 151-154 -> 140-141 ms on two AVX2 cores (the per-tile
-// copies read each query block again for every key block that sees it).
+// up to this size, on every instruction set (the B operands of the dK and dV
+// products); larger groups read them per tile as the two-pass backward does.
+// Once per item: the causal B1 S2048 N8 D128 backward 151-154 -> 140-141 ms on
+// two AVX2 cores (the per-tile copies read each query block again for every
+// key block that sees it). AVX-512 reads B blocks in place elsewhere
+// (TileOps::copy_b_blocks), but here, in the BSND layout (one head's rows 4 KiB
+// apart, all in the same few L1 sets), the copies once per item, with the key
+// block copied for dQ as well, took that backward from 114-120 to 106-112 ms on
+// two Zen 4 cores (BNSD, rows 512 bytes apart: 104-108 either way).
 constexpr int64_t kMaxPackedRowsBytes = int64_t{16} << 20;
 
 // dquery, dkey and dvalue of one (sequence, kv head) in one pass: the row
@@ -54,17 +59,17 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const int64_t n = h * group + j, rows = band.q_len;
       float* q_rows = pack + j * rows * (ws.ldp + ws.ldvp);
       float* dout_rows = q_rows + rows * ws.ldp;
-      packed[j] = {BOperand(ops, a.query + Offset(g.q, b, band.q_start, n), g.q.seq, rows, d,
-                            q_rows, ws.ldp, RowsAhead{}),
-                   BOperand(ops, a.dout + Offset(g.out, b, band.q_start, n), g.out.seq, rows, dv,
-                            dout_rows, ws.ldvp, RowsAhead{})};
+      packed[j] = {CopiedOperand(ops, a.query + Offset(g.q, b, band.q_start, n), g.q.seq, rows,
+                                 d, q_rows, ws.ldp, RowsAhead{}),
+                   CopiedOperand(ops, a.dout + Offset(g.out, b, band.q_start, n), g.out.seq,
+                                 rows, dv, dout_rows, ws.ldvp, RowsAhead{})};
     }
   }
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
     const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws);
     const int64_t nc = block.nc;
-    const Operand kb = BOperand(ops, a.key + block.k_off, g.k.seq, nc, d, ws.key_rows, ws.ldp,
-                                RowsAhead{});  // dQ's B
+    const Operand kb = CopiedOperand(ops, a.key + block.k_off, g.k.seq, nc, d, ws.key_rows,
+                                     ws.ldp, RowsAhead{});  // dQ's B, read by every tile
     const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
@@ -117,8 +122,8 @@ void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs
   const int64_t group = g.q_heads / g.kv_heads;
   const ThreadScratch dq_acc(ScratchRole::kAccumulator, group * longest * ws.ldp);
   const int64_t pack_floats = group * longest * (ws.ldp + ws.ldvp);
-  const bool pack = ops.copy_b_blocks && !Bf16Products<T>(g, ops) &&
-                    pack_floats * int64_t{sizeof(float)} <= kMaxPackedRowsBytes;
+  const bool pack =
+      !Bf16Products<T>(g, ops) && pack_floats * int64_t{sizeof(float)} <= kMaxPackedRowsBytes;
   const ThreadScratch pack_rows(ScratchRole::kPackedRows, pack ? pack_floats : 0);
   std::vector<PackedRows> packed(group);
   for (int64_t t = begin; t < end; ++t) {

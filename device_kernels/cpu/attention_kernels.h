@@ -253,9 +253,10 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
 // Five products per tile instead of seven; the results have the bits of passes
 // 2 and 3 (the same sums in the same order). Each item computes pass 1's
 // row_delta for its group's rows first (same bits; row_delta is then scratch
-// laid out like softmax_max, written before it is read). Where B operands are
-// copied (TileOps::copy_b_blocks), an item copies its group's query and dout
-// rows once (up to 16 MiB per thread), not once per tile.
+// laid out like softmax_max, written before it is read). An item copies its
+// group's query and dout rows once (up to 16 MiB per thread; float32 products
+// only) and each key block once, the B operands of its products, whatever the
+// instruction set.
 int64_t FusedBackwardWorkItems(const AttentionGeometry& g);
 
 template <typename T>

@@ -131,7 +131,9 @@ struct TileOps {
   // each other from L1. Measured per instruction set: on AVX2 the copies made
   // the forward 15% and the backward 10% faster; AVX-512 (four lines per panel
   // row) was faster in place. The decode path (attention_split.cc) reads its
-  // blocks in place on every instruction set, kSubRows rows at a time.
+  // blocks in place on every instruction set, kSubRows rows at a time; the
+  // fused backward, which reads each of its B blocks for many tiles, copies
+  // them on every instruction set (attention_backward_fused.cc).
   bool copy_b_blocks;
 };
 
