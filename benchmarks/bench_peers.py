@@ -9,7 +9,8 @@ and reports achieved GFLOP/s as a fraction of the FMA peak (or, for decode, GB/s
 read against the copy bandwidth), both measured in the same run (benchmarks/machine.py).
 jax_rope and torch are timed in interleaved rounds (one call of each per round, the median
 of --repeats rounds), so that the machine's drift reaches both alike; jax.nn and the fallback
-(dense score matrices) in rounds of their own after them; calls over a second are timed once.
+(dense score matrices) in rounds of their own after them; calls over a second are timed in
+only three of the rounds.
 Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi and
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
 Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
