@@ -33,7 +33,7 @@ std::atomic<bool> poison{false};
 ThreadScratch::ThreadScratch(ScratchRole role, int64_t floats) {
   floats = std::max<int64_t>(floats, 1);
   KeptBuffer& b = kept.buffers[static_cast<int>(role)];
-  if (!b.held && floats * int64_t{sizeof(float)} <= kMaxKeptScratchBytes) {
+  if (!b.held && floats * int64_t{sizeof(float)} <= KeptScratchBytes(role)) {
     if (b.capacity < floats) {
       float* grown = new (kAlign) float[floats];
       ::operator delete[](b.data, kAlign);

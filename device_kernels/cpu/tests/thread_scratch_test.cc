@@ -5,8 +5,8 @@
 //     them; with it off, a reused buffer comes back as its last holder left it
 //     (no clearing pass);
 //   - a role released and asked for again, no larger, reuses the thread's
-//     buffer; a role already held, or a request beyond kMaxKeptScratchBytes,
-//     gets a buffer of its own; threads never share a buffer;
+//     buffer; a role already held, or a request beyond KeptScratchBytes (4 MiB,
+//     64 MiB for kPass), gets a buffer of its own; threads never share a buffer;
 //   - AllFinite finds one Inf or NaN (either sign) anywhere in a strided block,
 //     and ignores what lies between its rows.
 // Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
@@ -22,7 +22,7 @@
 
 namespace {
 
-using jax_rope::cpu::kMaxKeptScratchBytes;
+using jax_rope::cpu::KeptScratchBytes;
 using jax_rope::cpu::ScratchRole;
 using jax_rope::cpu::ThreadScratch;
 using jax_rope::cpu::attention::AllFinite;
@@ -74,20 +74,23 @@ void CheckKeptBuffers() {
     Check(kept_as_left, "unpoisoned, a reused buffer is handed over as left (no clearing pass)");
   }
   jax_rope::cpu::PoisonScratchForTesting(true);
-  const float* kept = nullptr;
-  {
-    ThreadScratch small(ScratchRole::kPass, 16);
-    kept = small.data();
-  }
-  const int64_t beyond = kMaxKeptScratchBytes / int64_t{sizeof(float)} + 1;
-  {
-    ThreadScratch big(ScratchRole::kPass, beyond);
-    Check(big.data() != kept, "a request beyond the kept size gets a buffer of its own");
-    Check(Poisoned(big, beyond) && Aligned(big.data()), "a large buffer is poisoned and aligned");
-  }
-  {
-    ThreadScratch small(ScratchRole::kPass, 16);
-    Check(small.data() == kept, "a large request leaves the kept buffer as it was");
+  for (ScratchRole role : {ScratchRole::kAccumulator, ScratchRole::kPass}) {
+    const int64_t limit = KeptScratchBytes(role) / int64_t{sizeof(float)};
+    const float* kept = nullptr;
+    {
+      ThreadScratch largest(role, limit);  // grows the kept buffer to the limit
+      kept = largest.data();
+    }
+    {
+      ThreadScratch big(role, limit + 1);
+      Check(big.data() != kept, "a request beyond the kept size gets a buffer of its own");
+      Check(Poisoned(big, limit + 1) && Aligned(big.data()),
+            "a large buffer is poisoned and aligned");
+    }
+    {
+      ThreadScratch small(role, 16);
+      Check(small.data() == kept, "a large request leaves the kept buffer as it was");
+    }
   }
   const float* other = nullptr;
   std::thread([&] {
