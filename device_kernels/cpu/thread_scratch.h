@@ -7,8 +7,8 @@
 // thread, gets a buffer of its own, freed with the holder. Its contents are
 // undefined (what an earlier holder left): every holder writes what it reads,
 // and the native tests poison new holders with NaN to hold them to that. A
-// thread keeps what it grew until it exits: up to 4 MiB per role, 64 MiB for
-// kPass (8 MiB + 64 MiB per thread that runs kernels, at most).
+// thread keeps what it grew until it exits: at most 4 x 4 MiB for the other
+// roles and 64 MiB for kPass (KeptScratchBytes).
 #pragma once
 
 #include <cstdint>
