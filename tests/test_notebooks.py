@@ -13,8 +13,10 @@ import importlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -92,18 +94,28 @@ async def _execute(nbclient, nbformat, name, kernel_name, slots):
     """(seconds, None) once notebook `name` ran through, (seconds, error) if it did not."""
     async with slots:
         start = time.monotonic()
+        sockets = tempfile.mkdtemp(prefix="nb-")  # short: a socket path has ~100 bytes
         try:
             notebook = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
             nbformat.validate(notebook)
             deadline = start + NOTEBOOK_TIMEOUT_S
+            # Kernels talk over Unix sockets of their own (absolute paths: the kernel runs
+            # in notebooks/): over TCP, a port the client had found free was at times
+            # taken (by the other notebook's kernel, or a test running beside this one)
+            # before the kernel bound it, which killed the kernel.
+            transport = importlib.import_module("traitlets.config").Config()  # nbclient's
+            transport.KernelManager.transport = "ipc"
+            transport.KernelManager.ip = os.path.join(sockets, "kernel")
             client = nbclient.NotebookClient(
-                notebook, kernel_name=kernel_name, startup_timeout=120,
+                notebook, kernel_name=kernel_name, startup_timeout=120, config=transport,
                 # every cell may use what is left of the notebook's 300 s
                 timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
                 resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
             await client.async_execute()  # CellExecutionError (with the traceback) on failure
         except Exception as error:  # noqa: BLE001 - raised again by the notebook's test
             return time.monotonic() - start, error
+        finally:
+            shutil.rmtree(sockets, ignore_errors=True)
         return time.monotonic() - start, None
 
 
