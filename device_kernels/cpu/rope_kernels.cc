@@ -60,9 +60,87 @@ __attribute__((target("avx,f16c"))) void NarrowF16c(const float* src, int64_t n,
     std::memcpy(dst + i, h, (n - i) * sizeof(uint16_t));
   }
 }
+
+// The half rotations of float16 rows in one pass, 8 pairs a step with F16C's
+// conversions (the rows staged through float32 scratch took three passes:
+// widen, rotate, narrow), the rest pair by pair with the portable conversions,
+// which give the same values. The arithmetic is RotateHalf's and
+// RotateHalfAdjointWithTables' below, operation for operation (no fused
+// products), so the bits are too; like them, step i touches only elements
+// [i, i + 8) and [i + h, i + h + 8) of its rows (alias-safe).
+__attribute__((target("avx,f16c"))) __m256 Widen8(const Float16* src) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
+
+__attribute__((target("avx,f16c"))) void Narrow8(__m256 v, Float16* dst) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+
+// out = x * c + rot(x) * s over one rotary block of width 2h.
+__attribute__((target("avx,f16c"))) void RotateHalfF16c(const Float16* x, Float16* out,
+                                                         const float* c, const float* s,
+                                                         int64_t h) {
+  int64_t i = 0;
+  for (; i + 8 <= h; i += 8) {
+    const __m256 x1 = Widen8(x + i), x2 = Widen8(x + i + h);
+    const __m256 o1 = _mm256_sub_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
+                                    _mm256_mul_ps(x2, _mm256_loadu_ps(s + i)));
+    const __m256 o2 = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + i + h)),
+                                    _mm256_mul_ps(x1, _mm256_loadu_ps(s + i + h)));
+    Narrow8(o1, out + i);
+    Narrow8(o2, out + i + h);
+  }
+  for (; i < h; ++i) {
+    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
+    out[i] = FromFloat<Float16>(x1 * c[i] - x2 * s[i]);
+    out[i + h] = FromFloat<Float16>(x2 * c[i + h] + x1 * s[i + h]);
+  }
+}
+
+// Its adjoint, dx = c * g + rot^T(s * g), and when x (the forward's input row)
+// is given this row's dcos/dsin terms added to float32 sums.
+__attribute__((target("avx,f16c"))) void RotateHalfAdjointF16c(const Float16* g, const Float16* x,
+                                                                Float16* dx, const float* c,
+                                                                const float* s, float* dcos,
+                                                                float* dsin, int64_t h) {
+  int64_t i = 0;
+  for (; i + 8 <= h; i += 8) {
+    const __m256 g1 = Widen8(g + i), g2 = Widen8(g + i + h);
+    const __m256 c1 = _mm256_loadu_ps(c + i), c2 = _mm256_loadu_ps(c + i + h);
+    const __m256 s1 = _mm256_loadu_ps(s + i), s2 = _mm256_loadu_ps(s + i + h);
+    const __m256 d1 = _mm256_add_ps(_mm256_mul_ps(c1, g1), _mm256_mul_ps(s2, g2));
+    const __m256 d2 = _mm256_sub_ps(_mm256_mul_ps(c2, g2), _mm256_mul_ps(s1, g1));
+    if (x != nullptr) {
+      const __m256 x1 = Widen8(x + i), x2 = Widen8(x + i + h);
+      _mm256_storeu_ps(dcos + i, _mm256_add_ps(_mm256_loadu_ps(dcos + i), _mm256_mul_ps(g1, x1)));
+      _mm256_storeu_ps(dcos + i + h,
+                       _mm256_add_ps(_mm256_loadu_ps(dcos + i + h), _mm256_mul_ps(g2, x2)));
+      _mm256_storeu_ps(dsin + i, _mm256_sub_ps(_mm256_loadu_ps(dsin + i), _mm256_mul_ps(g1, x2)));
+      _mm256_storeu_ps(dsin + i + h,
+                       _mm256_add_ps(_mm256_loadu_ps(dsin + i + h), _mm256_mul_ps(g2, x1)));
+    }
+    Narrow8(d1, dx + i);
+    Narrow8(d2, dx + i + h);
+  }
+  for (; i < h; ++i) {
+    const float g1 = ToFloat(g[i]), g2 = ToFloat(g[i + h]);
+    if (x != nullptr) {
+      const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
+      dcos[i] += g1 * x1;
+      dcos[i + h] += g2 * x2;
+      dsin[i] -= g1 * x2;
+      dsin[i + h] += g2 * x1;
+    }
+    dx[i] = FromFloat<Float16>(c[i] * g1 + s[i + h] * g2);
+    dx[i + h] = FromFloat<Float16>(c[i + h] * g2 - s[i] * g1);
+  }
+}
 #else
 void WidenF16c(const Float16*, int64_t, float*) {}
 void NarrowF16c(const float*, int64_t, Float16*) {}
+void RotateHalfF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
+void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float*, const float*,
+                           float*, float*, int64_t) {}
 #endif
 
 // Helpers are inlined into each instruction-set clone of the entry points below
@@ -175,6 +253,31 @@ JAX_ROPE_INLINE void RotateHalfAdjointWithTables(const T* g, const T* x, T* dx,
   }
 }
 
+// A half rotation of a row in storage, and its adjoint (with this row's
+// dcos/dsin terms when x, the forward's input row, is given): float16 rows in
+// one pass with F16C where the CPU has it.
+template <typename T>
+JAX_ROPE_INLINE void RotateHalfRow(const T* x, T* out, const float* c, const float* s,
+                                   int64_t h) {
+  if constexpr (std::is_same_v<T, Float16>) {
+    if (UseF16c()) return RotateHalfF16c(x, out, c, s, h);
+  }
+  RotateHalf(x, out, c, s, h);
+}
+
+template <typename T>
+JAX_ROPE_INLINE void RotateHalfAdjointRow(const T* g, const T* x, T* dx, const float* c,
+                                          const float* s, float* dcos, float* dsin, int64_t h) {
+  if constexpr (std::is_same_v<T, Float16>) {
+    if (UseF16c()) return RotateHalfAdjointF16c(g, x, dx, c, s, dcos, dsin, h);
+  }
+  if (x != nullptr) {
+    RotateHalfAdjointWithTables(g, x, dx, c, s, dcos, dsin, h);
+  } else {
+    RotateHalfAdjoint(g, dx, c, s, h);
+  }
+}
+
 // The interleaved rotation, on float rows (16-bit rows go through scratch).
 JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
                                       const float* __restrict__ s, float* __restrict__ out,
@@ -187,25 +290,24 @@ JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* 
   }
 }
 
-// Row buffers, each 64-byte aligned: the 16-bit interleaved and staged paths
-// store a row here and read it back at once, and a vector access split across
+// Row buffers, each 64-byte aligned: the 16-bit interleaved path stores a row
+// here and reads it back at once, and a vector access split across
 // cache lines would defeat store-to-load forwarding.
 class Scratch {
  public:
   Scratch(int64_t head_dim, int64_t rotary_dim)
       : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
-        data_(new (std::align_val_t{64}) float[3 * row_ + 4 * table_]()) {}
+        data_(new (std::align_val_t{64}) float[2 * row_ + 4 * table_]()) {}
   ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 
   float* x() { return data_; }
   float* out() { return data_ + row_; }
-  float* input() { return data_ + 2 * row_; }  // the backward's forward input
-  float* c() { return data_ + 3 * row_; }
-  float* s() { return data_ + 3 * row_ + table_; }
-  float* dcos() { return data_ + 3 * row_ + 2 * table_; }
-  float* dsin() { return data_ + 3 * row_ + 3 * table_; }
+  float* c() { return data_ + 2 * row_; }
+  float* s() { return data_ + 2 * row_ + table_; }
+  float* dcos() { return data_ + 2 * row_ + 2 * table_; }
+  float* dsin() { return data_ + 2 * row_ + 3 * table_; }
 
  private:
   static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
@@ -219,11 +321,11 @@ JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, cons
                                const float* s, int64_t r, Scratch& scratch) {
   switch (mode) {
     case RotaryMode::kHalf:
-      RotateHalf(x_row, out_row, c, s, r / 2);
+      RotateHalfRow(x_row, out_row, c, s, r / 2);
       break;
     case RotaryMode::kQuarter:  // two independent half rotations
-      RotateHalf(x_row, out_row, c, s, r / 4);
-      RotateHalf(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
+      RotateHalfRow(x_row, out_row, c, s, r / 4);
+      RotateHalfRow(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
       break;
     case RotaryMode::kInterleave: {
       const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
@@ -241,16 +343,10 @@ JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, in
                                   Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
-  const bool staged = std::is_same_v<T, Float16> && UseF16c();  // rows through scratch
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    if (staged) {  // widen the row, rotate float rows, narrow the result
-      RotateRow(g.mode, LoadRow(x_row, r, scratch.x()), scratch.out(), c, s, r, scratch);
-      StoreRow(scratch.out(), r, out_row);
-    } else {
-      RotateRow(g.mode, x_row, out_row, c, s, r, scratch);
-    }
+    RotateRow(g.mode, x_row, out_row, c, s, r, scratch);
     if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
   }
 }
@@ -261,25 +357,11 @@ JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T
                                    const float* s, Scratch& scratch) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
-  const bool staged = std::is_same_v<T, Float16> && UseF16c();  // rows through scratch
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    if (staged) {  // as in ForwardHeads
-      const float* gf = LoadRow(g_row, r, scratch.x());
-      if (input != nullptr) {
-        RotateHalfAdjointWithTables(gf, LoadRow(input + n * head_stride, r, scratch.input()),
-                                    scratch.out(), c, s, scratch.dcos(), scratch.dsin(), r / 2);
-      } else {
-        RotateHalfAdjoint(gf, scratch.out(), c, s, r / 2);
-      }
-      StoreRow(scratch.out(), r, dx_row);
-    } else if (input != nullptr) {
-      RotateHalfAdjointWithTables(g_row, input + n * head_stride, dx_row, c, s, scratch.dcos(),
-                                  scratch.dsin(), r / 2);
-    } else {
-      RotateHalfAdjoint(g_row, dx_row, c, s, r / 2);
-    }
+    RotateHalfAdjointRow(g_row, input != nullptr ? input + n * head_stride : nullptr, dx_row, c,
+                         s, scratch.dcos(), scratch.dsin(), r / 2);
     if (r < d && dx_row != g_row) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
   }
 }

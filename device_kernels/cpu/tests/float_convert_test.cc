@@ -125,14 +125,14 @@ void CheckNarrowing() {
 // for interleave. Inputs are 16-bit values, so the products are exact in
 // float32 and the expected bits follow from the reference of one rounding.
 template <typename T>
-void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)) {
-  const int64_t batch = 2, seq = 5, heads = 3, dim = 52;  // rows end in a partial vector
+void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float), int64_t dim) {
+  const int64_t batch = 2, seq = 5, heads = 3;
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
   const std::string err =
       MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, q, c, c, &g);
   if (!err.empty()) return Fail("geometry: " + err);
-  std::mt19937 rng(static_cast<uint32_t>(mode * 2 + in_place));
+  std::mt19937 rng(static_cast<uint32_t>(mode * 2 + in_place + dim * 8));
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   const float specials[] = {NAN,     -NAN,     INFINITY, -INFINITY, 3.0e38f,
                             -3.0e38f, 1.0e-40f, 0.0f,     -0.0f};
@@ -202,14 +202,15 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
 // inputs (which only add the dcos/dsin sums: checked against the float64
 // oracle by the Python tests).
 template <typename T>
-void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*reference)(float)) {
-  const int64_t batch = 1, seq = 4, heads = 2, dim = 44;
+void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*reference)(float),
+                               int64_t dim) {
+  const int64_t batch = 1, seq = 4, heads = 2;
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
   const std::string err = MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND),
                                            static_cast<int32_t>(RotaryMode::kHalf), q, q, c, c, &g);
   if (!err.empty()) return Fail("geometry: " + err);
-  std::mt19937 rng(static_cast<uint32_t>(7 + with_inputs * 2 + in_place));
+  std::mt19937 rng(static_cast<uint32_t>(7 + with_inputs * 2 + in_place + dim * 8));
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   auto draw = [&](std::vector<T>& v) {
     for (T& x : v) x = FromFloat<T>(rng() % 50 == 0 ? NAN : u(rng));
@@ -258,14 +259,22 @@ int main() {
   // the portable ones that CPUs without F16C run.
   for (bool f16c : {true, false}) {
     UseF16cForTesting(f16c);
+    // Rows ending in a partial vector (52: pairs of 26 and 13; 44: 22), and
+    // rows shorter than one (12: pairs of 6 and 3).
     for (bool in_place : {false, true}) {
-      for (RotaryMode mode : {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
-        if (f16c) CheckRopeRounding<BFloat16>(static_cast<int32_t>(mode), in_place, ReferenceBf16);
-        CheckRopeRounding<Float16>(static_cast<int32_t>(mode), in_place, ReferenceF16);
+      for (int64_t dim : {52, 12}) {
+        for (RotaryMode mode :
+             {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
+          const int32_t m = static_cast<int32_t>(mode);
+          if (f16c) CheckRopeRounding<BFloat16>(m, in_place, ReferenceBf16, dim);
+          CheckRopeRounding<Float16>(m, in_place, ReferenceF16, dim);
+        }
       }
-      for (bool with_inputs : {false, true}) {
-        if (f16c) CheckRopeBackwardRounding<BFloat16>(with_inputs, in_place, ReferenceBf16);
-        CheckRopeBackwardRounding<Float16>(with_inputs, in_place, ReferenceF16);
+      for (int64_t dim : {44, 12}) {
+        for (bool with_inputs : {false, true}) {
+          if (f16c) CheckRopeBackwardRounding<BFloat16>(with_inputs, in_place, ReferenceBf16, dim);
+          CheckRopeBackwardRounding<Float16>(with_inputs, in_place, ReferenceF16, dim);
+        }
       }
     }
   }
