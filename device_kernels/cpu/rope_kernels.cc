@@ -61,13 +61,14 @@ __attribute__((target("avx,f16c"))) void NarrowF16c(const float* src, int64_t n,
   }
 }
 
-// The half rotations of float16 rows in one pass, 8 pairs a step with F16C's
-// conversions (the rows staged through float32 scratch took three passes:
-// widen, rotate, narrow), the rest pair by pair with the portable conversions,
-// which give the same values. The arithmetic is RotateHalf's and
-// RotateHalfAdjointWithTables' below, operation for operation (no fused
-// products), so the bits are too; like them, step i touches only elements
-// [i, i + 8) and [i + h, i + h + 8) of its rows (alias-safe).
+// The rotations of float16 rows in one pass, 8 values a step with F16C's
+// conversions (staged through float32 scratch they took three passes: widen,
+// rotate, narrow), the rest pair by pair with the portable conversions, which
+// give the same values. The arithmetic is that of RotateHalf,
+// RotateHalfAdjointWithTables and RotateInterleave below, operation for
+// operation (no fused products), so the bits are too; like them, each step
+// reads only the elements it writes (alias-safe): [i, i + 8) and [i + h, i + h
+// + 8) of the half rotations' rows, [i, i + 8) of the interleaved one's.
 __attribute__((target("avx,f16c"))) __m256 Widen8(const Float16* src) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
 }
@@ -94,6 +95,28 @@ __attribute__((target("avx,f16c"))) void RotateHalfF16c(const Float16* x, Float1
     const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
     out[i] = FromFloat<Float16>(x1 * c[i] - x2 * s[i]);
     out[i + h] = FromFloat<Float16>(x2 * c[i + h] + x1 * s[i + h]);
+  }
+}
+
+// The interleaved rotation of r elements, pairs (2i, 2i + 1): even * c + (-odd)
+// * s and odd * c + even * s, each pair swapped in registers and the odd
+// value's sign flipped (as the scalar negation does) before the products.
+__attribute__((target("avx,f16c"))) void RotateInterleaveF16c(const Float16* x, Float16* out,
+                                                               const float* c, const float* s,
+                                                               int64_t r) {
+  const __m256 negate_even = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= r; i += 8) {
+    const __m256 v = Widen8(x + i);
+    const __m256 swapped = _mm256_xor_ps(_mm256_permute_ps(v, 0xB1), negate_even);
+    Narrow8(_mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + i)),
+                          _mm256_mul_ps(swapped, _mm256_loadu_ps(s + i))),
+            out + i);
+  }
+  for (; i < r; i += 2) {
+    const float even = ToFloat(x[i]), odd = ToFloat(x[i + 1]);
+    out[i] = FromFloat<Float16>(even * c[i] + (-odd) * s[i]);
+    out[i + 1] = FromFloat<Float16>(odd * c[i + 1] + even * s[i + 1]);
   }
 }
 
@@ -139,6 +162,7 @@ __attribute__((target("avx,f16c"))) void RotateHalfAdjointF16c(const Float16* g,
 void WidenF16c(const Float16*, int64_t, float*) {}
 void NarrowF16c(const float*, int64_t, Float16*) {}
 void RotateHalfF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
+void RotateInterleaveF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
 void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float*, const float*,
                            float*, float*, int64_t) {}
 #endif
@@ -290,9 +314,10 @@ JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* 
   }
 }
 
-// Row buffers, each 64-byte aligned: the 16-bit interleaved path stores a row
-// here and reads it back at once, and a vector access split across
-// cache lines would defeat store-to-load forwarding.
+// Row buffers, each 64-byte aligned: the interleaved rotation of bfloat16 rows
+// (and of float16 rows without F16C) stores a row here and reads it back at
+// once, and a vector access split across cache lines would defeat
+// store-to-load forwarding.
 class Scratch {
  public:
   Scratch(int64_t head_dim, int64_t rotary_dim)
@@ -328,6 +353,9 @@ JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, cons
       RotateHalfRow(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
       break;
     case RotaryMode::kInterleave: {
+      if constexpr (std::is_same_v<T, Float16>) {
+        if (UseF16c()) return RotateInterleaveF16c(x_row, out_row, c, s, r);
+      }
       const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
       float* o = OutRow(out_row, scratch.out());
       RotateInterleave(x, c, s, o, r);
