@@ -14,10 +14,11 @@
 namespace jax_rope::cpu {
 namespace {
 
-// float16 rows convert with F16C's instructions where the CPU has them (8
-// values per instruction; the same values as float_convert.h's selects, which
-// cost 30 vector instructions a vector on AVX2). Called from every clone below,
-// so they are functions of their own, compiled for F16C, chosen at run time.
+// float16 rows and cos/sin rows convert with F16C's instructions where the CPU
+// has them (8 values per instruction; the same values as float_convert.h's
+// selects, which cost 30 vector instructions a vector on AVX2). Called from
+// every clone below, so they are functions of their own, compiled for F16C,
+// chosen at run time.
 std::atomic<bool> g_use_f16c{true};
 
 bool UseF16c() {
@@ -42,22 +43,6 @@ __attribute__((target("avx,f16c"))) void WidenF16c(const Float16* src, int64_t n
     std::memcpy(h, src + i, (n - i) * sizeof(uint16_t));
     _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
     std::memcpy(dst + i, f, (n - i) * sizeof(float));
-  }
-}
-
-__attribute__((target("avx,f16c"))) void NarrowF16c(const float* src, int64_t n, Float16* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
-  }
-  if (i < n) {
-    float f[8] = {};
-    uint16_t h[8];
-    std::memcpy(f, src + i, (n - i) * sizeof(float));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(h),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(f), _MM_FROUND_TO_NEAREST_INT));
-    std::memcpy(dst + i, h, (n - i) * sizeof(uint16_t));
   }
 }
 
@@ -160,7 +145,6 @@ __attribute__((target("avx,f16c"))) void RotateHalfAdjointF16c(const Float16* g,
 }
 #else
 void WidenF16c(const Float16*, int64_t, float*) {}
-void NarrowF16c(const float*, int64_t, Float16*) {}
 void RotateHalfF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
 void RotateInterleaveF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
 void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float*, const float*,
@@ -216,9 +200,6 @@ JAX_ROPE_INLINE float* OutRow(T* dst, float* scratch) {
 template <typename T>
 JAX_ROPE_INLINE void StoreRow(const float* src, int64_t n, T* dst) {
   if constexpr (!std::is_same_v<T, float>) {
-    if constexpr (std::is_same_v<T, Float16>) {
-      if (UseF16c()) return NarrowF16c(src, n, dst);
-    }
     for (int64_t i = 0; i < n; ++i) dst[i] = FromFloat<T>(src[i]);
   }
 }
