@@ -155,8 +155,8 @@ void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float
 // (a call out of a clone would run baseline code).
 #define JAX_ROPE_INLINE [[gnu::always_inline]] inline
 
-// Rows for the interleaved rotation and the cos/sin rows: 16-bit types are
-// widened into scratch once; float rows are used in place.
+// A token's cos or sin row: 16-bit tables are widened into scratch once per
+// token (for all its heads); float tables are used in place.
 template <typename T>
 JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
   if constexpr (std::is_same_v<T, float>) {
@@ -170,37 +170,6 @@ JAX_ROPE_INLINE const float* LoadRow(const T* src, int64_t n, float* scratch) {
     }
     for (int64_t i = 0; i < n; ++i) scratch[i] = ToFloat(src[i]);
     return scratch;
-  }
-}
-
-// The input row of a call whose output row may be the same memory (in place,
-// when XLA aliases the output to the input): RotateInterleave takes restrict
-// pointers, so an aliased float row is copied to scratch first (one row, in L1).
-template <typename T>
-JAX_ROPE_INLINE const float* LoadInputRow(const T* src, const T* dst, int64_t n,
-                                          float* scratch) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (src == dst) {
-      std::memcpy(scratch, src, n * sizeof(float));
-      return scratch;
-    }
-  }
-  return LoadRow(src, n, scratch);
-}
-
-template <typename T>
-JAX_ROPE_INLINE float* OutRow(T* dst, float* scratch) {
-  if constexpr (std::is_same_v<T, float>) {
-    return dst;
-  } else {
-    return scratch;
-  }
-}
-
-template <typename T>
-JAX_ROPE_INLINE void StoreRow(const float* src, int64_t n, T* dst) {
-  if constexpr (!std::is_same_v<T, float>) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = FromFloat<T>(src[i]);
   }
 }
 
@@ -283,48 +252,47 @@ JAX_ROPE_INLINE void RotateHalfAdjointRow(const T* g, const T* x, T* dx, const f
   }
 }
 
-// The interleaved rotation, on float rows (16-bit rows go through scratch).
-JAX_ROPE_INLINE void RotateInterleave(const float* __restrict__ x, const float* __restrict__ c,
-                                      const float* __restrict__ s, float* __restrict__ out,
-                                      int64_t r) {
+// The interleaved rotation of pairs (2i, 2i + 1), on rows in storage like the
+// half rotations (alias-safe: step i reads and writes only its pair).
+template <typename T>
+JAX_ROPE_INLINE void RotateInterleave(const T* x, T* out, const float* __restrict__ c,
+                                      const float* __restrict__ s, int64_t r) {
+#pragma GCC ivdep
   for (int64_t i = 0; i < r; i += 2) {
-    const float even = x[i];
-    const float odd = x[i + 1];
-    out[i] = even * c[i] + (-odd) * s[i];  // = even * c - odd * s exactly (see below)
-    out[i + 1] = odd * c[i + 1] + even * s[i + 1];
+    const float even = ToFloat(x[i]);
+    const float odd = ToFloat(x[i + 1]);
+    // (-odd) * s: even * c - odd * s exactly, written as a sum (see below).
+    out[i] = FromFloat<T>(even * c[i] + (-odd) * s[i]);
+    out[i + 1] = FromFloat<T>(odd * c[i + 1] + even * s[i + 1]);
   }
 }
 
-// Row buffers, each 64-byte aligned: the interleaved rotation of bfloat16 rows
-// (and of float16 rows without F16C) stores a row here and reads it back at
-// once, and a vector access split across cache lines would defeat
-// store-to-load forwarding.
+// Per-token float32 rows, each 64-byte aligned (no vector load split across
+// cache lines): cos and sin widened from 16-bit tables, and the backward's
+// dcos/dsin sums over heads.
 class Scratch {
  public:
-  Scratch(int64_t head_dim, int64_t rotary_dim)
-      : row_(RoundUp(head_dim)), table_(RoundUp(rotary_dim)),
-        data_(new (std::align_val_t{64}) float[2 * row_ + 4 * table_]()) {}
+  explicit Scratch(int64_t rotary_dim)
+      : table_(RoundUp(rotary_dim)), data_(new (std::align_val_t{64}) float[4 * table_]()) {}
   ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 
-  float* x() { return data_; }
-  float* out() { return data_ + row_; }
-  float* c() { return data_ + 2 * row_; }
-  float* s() { return data_ + 2 * row_ + table_; }
-  float* dcos() { return data_ + 2 * row_ + 2 * table_; }
-  float* dsin() { return data_ + 2 * row_ + 3 * table_; }
+  float* c() { return data_; }
+  float* s() { return data_ + table_; }
+  float* dcos() { return data_ + 2 * table_; }
+  float* dsin() { return data_ + 3 * table_; }
 
  private:
   static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
-  int64_t row_, table_;
+  int64_t table_;
   float* data_;
 };
 
 // The first r elements of one row in any mode; x_row may be out_row.
 template <typename T>
 JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, const float* c,
-                               const float* s, int64_t r, Scratch& scratch) {
+                               const float* s, int64_t r) {
   switch (mode) {
     case RotaryMode::kHalf:
       RotateHalfRow(x_row, out_row, c, s, r / 2);
@@ -333,29 +301,24 @@ JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, cons
       RotateHalfRow(x_row, out_row, c, s, r / 4);
       RotateHalfRow(x_row + r / 2, out_row + r / 2, c + r / 2, s + r / 2, r / 4);
       break;
-    case RotaryMode::kInterleave: {
+    case RotaryMode::kInterleave:
       if constexpr (std::is_same_v<T, Float16>) {
         if (UseF16c()) return RotateInterleaveF16c(x_row, out_row, c, s, r);
       }
-      const float* x = LoadInputRow(x_row, out_row, r, scratch.x());
-      float* o = OutRow(out_row, scratch.out());
-      RotateInterleave(x, c, s, o, r);
-      StoreRow(o, r, out_row);
+      RotateInterleave(x_row, out_row, c, s, r);
       break;
-    }
   }
 }
 
 template <typename T>
 JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
-                                  int64_t head_stride, const float* c, const float* s,
-                                  Scratch& scratch) {
+                                  int64_t head_stride, const float* c, const float* s) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    RotateRow(g.mode, x_row, out_row, c, s, r, scratch);
+    RotateRow(g.mode, x_row, out_row, c, s, r);
     if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
   }
 }
@@ -379,7 +342,7 @@ template <typename T>
 JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
                                                    const RopeForwardArgs<T>& a, int64_t begin,
                                                    int64_t end) {
-  Scratch scratch(g.head_dim, g.rotary_dim);
+  Scratch scratch(g.rotary_dim);
   const int64_t r = g.rotary_dim;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = t / g.seq;
@@ -389,17 +352,15 @@ JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
     const float* s = LoadRow(a.sin + cos_offset, r, scratch.s());
     const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
     const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
-    ForwardHeads(g, a.query + q_offset, a.query_out + q_offset, g.q_heads, g.q.head, c, s,
-                 scratch);
-    ForwardHeads(g, a.key + k_offset, a.key_out + k_offset, g.k_heads, g.k.head, c, s,
-                 scratch);
+    ForwardHeads(g, a.query + q_offset, a.query_out + q_offset, g.q_heads, g.q.head, c, s);
+    ForwardHeads(g, a.key + k_offset, a.key_out + k_offset, g.k_heads, g.k.head, c, s);
   }
 }
 
 template <typename T>
 JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardArgs<T>& a,
                                       int64_t begin, int64_t end) {
-  Scratch scratch(g.head_dim, g.rotary_dim);
+  Scratch scratch(g.rotary_dim);
   const int64_t r = g.rotary_dim;
   const bool with_inputs = a.query != nullptr;
   for (int64_t t = begin; t < end; ++t) {
