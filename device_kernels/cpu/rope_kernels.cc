@@ -105,8 +105,8 @@ __attribute__((target("avx,f16c"))) void RotateInterleaveF16c(const Float16* x, 
   }
 }
 
-// Its adjoint, dx = c * g + rot^T(s * g), and when x (the forward's input row)
-// is given this row's dcos/dsin terms added to float32 sums.
+// RotateHalfF16c's adjoint, dx = c * g + rot^T(s * g), and when x (the forward's
+// input row) is given this row's dcos/dsin terms added to float32 sums.
 __attribute__((target("avx,f16c"))) void RotateHalfAdjointF16c(const Float16* g, const Float16* x,
                                                                 Float16* dx, const float* c,
                                                                 const float* s, float* dcos,
