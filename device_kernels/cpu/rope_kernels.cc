@@ -1,155 +1,17 @@
 #include "device_kernels/cpu/rope_kernels.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "device_kernels/cpu/rope_rows_f16c.h"
 
 namespace jax_rope::cpu {
 namespace {
 
-// float16 rows and cos/sin rows convert with F16C's instructions where the CPU
-// has them (8 values per instruction; the same values as float_convert.h's
-// selects, which cost 30 vector instructions a vector on AVX2). Called from
-// every clone below, so they are functions of their own, compiled for F16C,
-// chosen at run time.
-std::atomic<bool> g_use_f16c{true};
-
-bool UseF16c() {
-#if defined(__x86_64__)
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-  return has && g_use_f16c.load(std::memory_order_relaxed);
-#else
-  return false;
-#endif
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) void WidenF16c(const Float16* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  if (i < n) {  // the tail through a zero-padded vector
-    uint16_t h[8] = {};
-    float f[8];
-    std::memcpy(h, src + i, (n - i) * sizeof(uint16_t));
-    _mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))));
-    std::memcpy(dst + i, f, (n - i) * sizeof(float));
-  }
-}
-
-// The rotations of float16 rows in one pass, 8 values a step with F16C's
-// conversions (staged through float32 scratch they took three passes: widen,
-// rotate, narrow), the rest pair by pair with the portable conversions, which
-// give the same values. The arithmetic is that of RotateHalf,
-// RotateHalfAdjointWithTables and RotateInterleave below, operation for
-// operation (no fused products), so the bits are too; like them, each step
-// reads only the elements it writes (alias-safe): [i, i + 8) and [i + h, i + h
-// + 8) of the half rotations' rows, [i, i + 8) of the interleaved one's.
-__attribute__((target("avx,f16c"))) __m256 Widen8(const Float16* src) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-}
-
-__attribute__((target("avx,f16c"))) void Narrow8(__m256 v, Float16* dst) {
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-}
-
-// out = x * c + rot(x) * s over one rotary block of width 2h.
-__attribute__((target("avx,f16c"))) void RotateHalfF16c(const Float16* x, Float16* out,
-                                                         const float* c, const float* s,
-                                                         int64_t h) {
-  int64_t i = 0;
-  for (; i + 8 <= h; i += 8) {
-    const __m256 x1 = Widen8(x + i), x2 = Widen8(x + i + h);
-    const __m256 o1 = _mm256_sub_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(c + i)),
-                                    _mm256_mul_ps(x2, _mm256_loadu_ps(s + i)));
-    const __m256 o2 = _mm256_add_ps(_mm256_mul_ps(x2, _mm256_loadu_ps(c + i + h)),
-                                    _mm256_mul_ps(x1, _mm256_loadu_ps(s + i + h)));
-    Narrow8(o1, out + i);
-    Narrow8(o2, out + i + h);
-  }
-  for (; i < h; ++i) {
-    const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
-    out[i] = FromFloat<Float16>(x1 * c[i] - x2 * s[i]);
-    out[i + h] = FromFloat<Float16>(x2 * c[i + h] + x1 * s[i + h]);
-  }
-}
-
-// The interleaved rotation of r elements, pairs (2i, 2i + 1): even * c + (-odd)
-// * s and odd * c + even * s, each pair swapped in registers and the odd
-// value's sign flipped (as the scalar negation does) before the products.
-__attribute__((target("avx,f16c"))) void RotateInterleaveF16c(const Float16* x, Float16* out,
-                                                               const float* c, const float* s,
-                                                               int64_t r) {
-  const __m256 negate_even = _mm256_setr_ps(-0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f, -0.0f, 0.0f);
-  int64_t i = 0;
-  for (; i + 8 <= r; i += 8) {
-    const __m256 v = Widen8(x + i);
-    const __m256 swapped = _mm256_xor_ps(_mm256_permute_ps(v, 0xB1), negate_even);
-    Narrow8(_mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + i)),
-                          _mm256_mul_ps(swapped, _mm256_loadu_ps(s + i))),
-            out + i);
-  }
-  for (; i < r; i += 2) {
-    const float even = ToFloat(x[i]), odd = ToFloat(x[i + 1]);
-    out[i] = FromFloat<Float16>(even * c[i] + (-odd) * s[i]);
-    out[i + 1] = FromFloat<Float16>(odd * c[i + 1] + even * s[i + 1]);
-  }
-}
-
-// RotateHalfF16c's adjoint, dx = c * g + rot^T(s * g), and when x (the forward's
-// input row) is given this row's dcos/dsin terms added to float32 sums.
-__attribute__((target("avx,f16c"))) void RotateHalfAdjointF16c(const Float16* g, const Float16* x,
-                                                                Float16* dx, const float* c,
-                                                                const float* s, float* dcos,
-                                                                float* dsin, int64_t h) {
-  int64_t i = 0;
-  for (; i + 8 <= h; i += 8) {
-    const __m256 g1 = Widen8(g + i), g2 = Widen8(g + i + h);
-    const __m256 c1 = _mm256_loadu_ps(c + i), c2 = _mm256_loadu_ps(c + i + h);
-    const __m256 s1 = _mm256_loadu_ps(s + i), s2 = _mm256_loadu_ps(s + i + h);
-    const __m256 d1 = _mm256_add_ps(_mm256_mul_ps(c1, g1), _mm256_mul_ps(s2, g2));
-    const __m256 d2 = _mm256_sub_ps(_mm256_mul_ps(c2, g2), _mm256_mul_ps(s1, g1));
-    if (x != nullptr) {
-      const __m256 x1 = Widen8(x + i), x2 = Widen8(x + i + h);
-      _mm256_storeu_ps(dcos + i, _mm256_add_ps(_mm256_loadu_ps(dcos + i), _mm256_mul_ps(g1, x1)));
-      _mm256_storeu_ps(dcos + i + h,
-                       _mm256_add_ps(_mm256_loadu_ps(dcos + i + h), _mm256_mul_ps(g2, x2)));
-      _mm256_storeu_ps(dsin + i, _mm256_sub_ps(_mm256_loadu_ps(dsin + i), _mm256_mul_ps(g1, x2)));
-      _mm256_storeu_ps(dsin + i + h,
-                       _mm256_add_ps(_mm256_loadu_ps(dsin + i + h), _mm256_mul_ps(g2, x1)));
-    }
-    Narrow8(d1, dx + i);
-    Narrow8(d2, dx + i + h);
-  }
-  for (; i < h; ++i) {
-    const float g1 = ToFloat(g[i]), g2 = ToFloat(g[i + h]);
-    if (x != nullptr) {
-      const float x1 = ToFloat(x[i]), x2 = ToFloat(x[i + h]);
-      dcos[i] += g1 * x1;
-      dcos[i + h] += g2 * x2;
-      dsin[i] -= g1 * x2;
-      dsin[i + h] += g2 * x1;
-    }
-    dx[i] = FromFloat<Float16>(c[i] * g1 + s[i + h] * g2);
-    dx[i + h] = FromFloat<Float16>(c[i + h] * g2 - s[i] * g1);
-  }
-}
-#else
-void WidenF16c(const Float16*, int64_t, float*) {}
-void RotateHalfF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
-void RotateInterleaveF16c(const Float16*, Float16*, const float*, const float*, int64_t) {}
-void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float*, const float*,
-                           float*, float*, int64_t) {}
-#endif
+using namespace rope_f16c;
 
 // Helpers are inlined into each instruction-set clone of the entry points below
 // (a call out of a clone would run baseline code).
@@ -459,8 +321,6 @@ JAX_ROPE_DEFINE(Float16, F16)
                            int64_t begin, int64_t end) {                                   \
     RopeReduceTables##NAME(g, a, begin, end);                                              \
   }
-void UseF16cForTesting(bool use) { g_use_f16c.store(use, std::memory_order_relaxed); }
-
 JAX_ROPE_SPECIALIZE(float, F32)
 JAX_ROPE_SPECIALIZE(BFloat16, BF16)
 JAX_ROPE_SPECIALIZE(Float16, F16)
