@@ -32,7 +32,7 @@ def keep_freed_memory(limit_bytes: int = 256 << 20) -> bool:
     the rest of the process. False where the C library has no mallopt or refuses it."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no C library to open, or no mallopt in it
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
