@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_rope as jr
+import allocator  # benchmarks/allocator.py, beside this script
 import machine  # benchmarks/machine.py, beside this script
 from timing import time_calls  # benchmarks/timing.py, beside this script
 
@@ -313,6 +314,8 @@ def main() -> None:
     print(f"machine: {limits['threads']} threads, {limits['isa']} FMA peak "
           f"{limits['fma_gflops']:.1f} GFLOP/s, copy {limits['copy_gbps']:.1f} GB/s "
           "(read + written)")
+    # The training rows allocate their outputs anew each call (README: small steps in a loop).
+    print(f"malloc settings in the environment: {allocator.environment()}")
     times, ratios = {}, {}
     for row in rows(args.quick):
         results = measure_row(row, args.repeats)
@@ -326,6 +329,7 @@ def main() -> None:
              f"{limits['threads']} threads)")
     rounded = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
     print(json.dumps({"benchmark": "attention_peers", "quick": args.quick, "machine": limits,
+                      "malloc": allocator.environment(),
                       "ms": {k: rounded(v) for k, v in times.items()},
                       "ratios": {k: rounded(v) for k, v in ratios.items()}}))
 
