@@ -163,7 +163,7 @@ def main() -> None:
               "benchmarks/allocator.py):")
         for name in args.dtypes:
             times = bench_fresh_buffers(inputs(args, jnp.dtype(name)), args.repeats)
-            print(f"{name}")
+            print(name)
             print_rows(times, moved[name], copy)
             fractions[name]["fwd_freed_memory_kept"] = \
                 moved[name] / times["ffi fwd"] / 1e6 / copy

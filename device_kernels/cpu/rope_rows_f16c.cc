@@ -135,6 +135,5 @@ void RotateHalfAdjointF16c(const Float16*, const Float16*, Float16*, const float
                            float*, float*, int64_t) {}
 #endif
 
-
 }  // namespace rope_f16c
 }  // namespace jax_rope::cpu
