@@ -151,6 +151,18 @@ def test_grouped_forward_items(group, sq, mode):
     _check(args, kw)
 
 
+# Where up to 16 lanes hold every query block of a head group, and that leaves four items per
+# worker, one item takes them all (each K/V block is read by one item): on two workers these
+# shapes do (key_value_copy_test counts the items), with more they take items of 8 lanes.
+@pytest.mark.parametrize("group,n2,sq", [(4, 4, 200), (1, 8, 600)])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_forward_items_spanning_head_groups(group, n2, sq, dtype):
+    rng = _rng("wide", group, n2, sq, np.dtype(dtype).name)
+    args, kw = ao.make_case(rng, dtype=dtype, B=2, Sq=sq, Skv=sq + 40, N1=group * n2, N2=n2,
+                            D=64, sparse_mode=3)
+    _check(args, kw)
+
+
 @pytest.mark.parametrize("sq,group", [(1, 1), (3, 2), (80, 4)])
 def test_nan_key_seen_alone_gives_nan(sq, group):
     """A row whose only visible key is NaN gets a NaN output (not a dead row's zeros):
@@ -189,9 +201,9 @@ def test_backward_paths_against_oracle(b, n1, n2):
 def test_head_major_key_value_copy(layout, dtype):
     rng = _rng("copy", layout, np.dtype(dtype).name)
     if layout == "TND":
-        args, kw = ao.make_case(rng, "TND", dtype, N1=8, N2=2, D=64, seq_q=[200, 256],
-                                seq_kv=[200, 256], sparse_mode=0)
+        args, kw = ao.make_case(rng, "TND", dtype, N1=8, N2=2, D=64, seq_q=[400, 512],
+                                seq_kv=[400, 512], sparse_mode=0)
     else:
-        args, kw = ao.make_case(rng, layout, dtype, B=2, Sq=256, Skv=256, N1=8, N2=2, D=64,
+        args, kw = ao.make_case(rng, layout, dtype, B=2, Sq=512, Skv=512, N1=8, N2=2, D=64,
                                 sparse_mode=0)
     _check(args, kw)

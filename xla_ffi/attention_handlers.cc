@@ -169,9 +169,10 @@ ffi::Error AttentionForwardImpl(
       // The forward reads a head-major copy of K and V where it pays (cpu::CopyKeyValueFirst);
       // without memory for the copy it reads K and V in place.
       cpu::AttentionGeometry read = g;
+      read.workers = std::max<int64_t>(pool.num_threads(), 1);  // shapes the work items
       cpu::AttentionForwardArgs<T> read_args = args;
       std::optional<cpu::ThreadScratch> copy;
-      if (cpu::CopyKeyValueFirst(g, d.seqs, sizeof(T))) {
+      if (cpu::CopyKeyValueFirst(read, d.seqs, sizeof(T))) {
         const cpu::KeyValueCopy plan = cpu::HeadMajorKeyValue(g, d.seqs);
         const int64_t bytes = plan.elements * int64_t{sizeof(T)};
         if (PassScratch(copy, (bytes + 3) / 4).success()) {

@@ -2,7 +2,8 @@
 // attention_tiles.cc. Orientation: each item transposes only its own fixed
 // block (queries for the forward and dquery items, keys/values for dkey/dvalue
 // items) once, and the blocks it loops over are GEMM operands in their stored
-// row-major layout (float32 in place), so no tile is ever transposed:
+// row-major layout (float32 keys in place; the forward copies value blocks
+// into contiguous rows), so no tile is ever transposed:
 //   forward, dquery: scores^T = K_blk Q^T, with the row statistics along vectors;
 //   dkey/dvalue:     scores = Q_blk K^T; dV += P^T dO and dK += dS^T Q read P
 //                    and dS transposed through the GEMM's A strides.
@@ -39,31 +40,48 @@ namespace {
 
 using namespace attention;
 
-// Forward items: each runs up to kForwardLanes (query head, query block) lanes
-// of one kv head's group over one key loop, so that each K/V block is read
-// once for all of them (chunked prefill with G = 4: 1.5x). The lanes are heads
-// of the group (a divisor of its size) over ForwardShape::blocks consecutive
-// query blocks; per lane the steps are those of a lane alone, in the same
-// order, so the lanes per item never change the bits.
-constexpr int64_t kForwardLanes = 4;
+// Forward items: each runs up to kForwardLanes (query head, query block) lanes of
+// one kv head's group over one key loop, so that each K/V block is read once
+// for all of them (chunked prefill with G = 4: 1.5x). The lanes are heads of
+// the group (a divisor of its size, at most kForwardHeads) over
+// ForwardShape::blocks consecutive query blocks; per lane the steps are those
+// of a lane alone, in the same order, so the lanes per item never change the
+// bits. Where at most kWideLanes lanes hold every query block of a head group
+// and sequence, and that leaves kWideItemsPerWorker items per worker, one item
+// takes them all. Each key block's values are copied into contiguous rows
+// once per item for its lanes (CopiedOperand). Against four lanes per item
+// reading the values in place (from a head-major copy of K and V where
+// CopyKeyValueFirst made one), on two Zen 4 cores: chunked prefill B1 Sq256
+// Skv8192 N32/8 D128 3.7% faster (D256 6-9%), the causal S2048 N8 forward 3%,
+// the S512 N16 forward 7-9% (D64 and D256), causal S4096 the same.
+constexpr int64_t kForwardHeads = 4;
+constexpr int64_t kForwardLanes = 8;
+constexpr int64_t kWideLanes = 16;
+constexpr int64_t kWideItemsPerWorker = 4;
 
 struct ForwardShape {
   int64_t heads = 1;   // query heads per item
   int64_t blocks = 1;  // query blocks per item
+  int64_t lanes() const { return heads * blocks; }
 };
 
-ForwardShape ForwardShapeOf(const AttentionGeometry& g) {
+ForwardShape ForwardShapeOf(const AttentionGeometry& g, const SequenceBand* seqs) {
   ForwardShape f;
   if (!ValidGeometry(g)) return f;
   const int64_t group = g.q_heads / g.kv_heads;
-  for (int64_t h = 1; h <= kForwardLanes; ++h) {
+  for (int64_t h = 1; h <= kForwardHeads; ++h) {
     if (group % h == 0) f.heads = h;
   }
-  // The rest of the lanes are consecutive query blocks: with a 512 KB L2 (AVX2
-  // Zen 3) the causal S4096 forward streamed K/V from L3 for every 64 query rows
-  // and ran 1.4x faster with four blocks per item (with a 1 MB L2, AVX-512 Zen 4,
-  // it was no faster).
   f.blocks = kForwardLanes / f.heads;
+  int64_t most_blocks = 0;  // query blocks of the longest sequence
+  for (int64_t b = 0; b < g.batch; ++b) {
+    most_blocks = std::max(most_blocks, CeilDiv(Band(seqs[b]).q_len, kBlockQ));
+  }
+  const int64_t wide_items = g.batch * (g.q_heads / f.heads);
+  if (most_blocks > f.blocks && f.heads * most_blocks <= kWideLanes &&
+      wide_items >= kWideItemsPerWorker * std::max<int64_t>(g.workers, 1)) {
+    f.blocks = most_blocks;
+  }
   return f;
 }
 
@@ -73,11 +91,11 @@ struct ForwardLanes {
   int64_t q_size, o_size;
   ThreadScratch scratch;
   float *q, *o, *max, *sum;
-  ForwardLanes(const AttentionGeometry& g, const Workspace& ws)
+  ForwardLanes(const AttentionGeometry& g, const Workspace& ws, int64_t lanes)
       : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.ldvp),
-        scratch(ScratchRole::kLanes, kForwardLanes * (q_size + o_size + 2 * kBlockQ)),
-        q(scratch.data()), o(q + kForwardLanes * q_size), max(o + kForwardLanes * o_size),
-        sum(max + kForwardLanes * kBlockQ) {}
+        scratch(ScratchRole::kLanes, lanes * (q_size + o_size + 2 * kBlockQ)),
+        q(scratch.data()), o(q + lanes * q_size), max(o + lanes * o_size),
+        sum(max + lanes * kBlockQ) {}
 };
 
 template <typename T>
@@ -95,7 +113,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     int64_t n, r0, nr;
     BlockSpan keys;
   };
-  Lane lanes[kForwardLanes];
+  Lane lanes[kWideLanes];
   int64_t count = 0;
   int64_t first = 0, last = 0;  // the union of the lanes' key blocks
   for (int64_t blk = 0; blk < shape.blocks; ++blk) {
@@ -126,9 +144,10 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
-    const Operand v = BOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh), g.v.seq,
-                               nc, dv, ws.n2, ws.ldvp,
-                               KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last));
+    const Operand v = CopiedOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh),
+                                    g.v.seq, nc, dv, ws.n2, ws.ldvp,
+                                    KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
+                                                  last));
     const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.ldp);
     for (int64_t j = 0; j < count; ++j) {
       const Lane& l = lanes[j];
@@ -246,7 +265,7 @@ int64_t ForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
 }
 
 int64_t AttentionForwardWorkItems(const AttentionGeometry& g, const SequenceBand* seqs) {
-  const ForwardShape shape = ForwardShapeOf(g);
+  const ForwardShape shape = ForwardShapeOf(g, seqs);
   return WorkItems(g, seqs, false, kBlockQ * shape.blocks, shape.heads).size();
 }
 
@@ -280,7 +299,7 @@ bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
   const KeyValueCopy plan = HeadMajorKeyValue(g, seqs);
   if (plan.items == 0 || plan.elements > kMaxKeyValueCopyBytes / element_bytes) return false;
   // Key rows the forward's items of one kv head read, against the rows copied.
-  const ForwardShape shape = ForwardShapeOf(g);
+  const ForwardShape shape = ForwardShapeOf(g, seqs);
   const int64_t rows_per_item = kBlockQ * shape.blocks;
   const int64_t items_per_block = g.q_heads / g.kv_heads / shape.heads;
   int64_t reads = 0, copied = 0;
@@ -325,14 +344,14 @@ void CopyKeyValue(const AttentionGeometry& g, const SequenceBand* seqs, const Ke
 template <typename T>
 void AttentionForward(const AttentionGeometry& g, const SequenceBand* seqs,
                       const AttentionForwardArgs<T>& args, int64_t begin, int64_t end) {
-  const ForwardShape shape = ForwardShapeOf(g);
+  const ForwardShape shape = ForwardShapeOf(g, seqs);
   const WorkItems items(g, seqs, false, kBlockQ * shape.blocks, shape.heads);
   begin = std::max<int64_t>(begin, 0);
   end = std::min(end, items.size());
   if (begin >= end) return;
   const TileOps& ops = GetTileOps();
   Workspace ws(g, kBlockMax);
-  ForwardLanes fl(g, ws);
+  ForwardLanes fl(g, ws, shape.lanes());
   for (int64_t t = begin; t < end; ++t) ForwardItem(g, seqs, args, items[t], shape, ops, ws, fl);
 }
 template <typename T>

@@ -103,6 +103,8 @@ struct AttentionGeometry {
   ElementMask mask;
   PositionBias bias;       // masked positions never read its value's effect
   Dropout dropout;         // forward and backward only (scores ignore it)
+  int64_t workers = 1;     // threads the work items run on: the forward's item shape
+                           // depends on it, never its results
 };
 
 // Float32 constants of the spec.

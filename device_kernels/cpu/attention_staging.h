@@ -198,9 +198,8 @@ Operand CopiedOperand(const TileOps& ops, const T* src, int64_t stride, int64_t 
 
 // A block a GEMM reads as its B operand, with the rows of `ahead` asked for:
 // where the instruction set copies B blocks (TileOps::copy_b_blocks) a
-// CopiedOperand (AVX2: the forward 3-11% faster than without, the backward
-// 3-8% faster than with a burst ahead); elsewhere `ahead` is asked for at once
-// and the block is a View.
+// CopiedOperand (AVX2: the backward 3-8% faster than with a burst ahead);
+// elsewhere `ahead` is asked for at once and the block is a View.
 template <typename T>
 Operand BOperand(const TileOps& ops, const T* src, int64_t stride, int64_t rows, int64_t cols,
                  float* scratch, int64_t ld, const RowsAhead& ahead) {

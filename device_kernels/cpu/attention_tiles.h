@@ -132,8 +132,9 @@ struct TileOps {
   // the forward 15% and the backward 10% faster; AVX-512 (four lines per panel
   // row) was faster in place. The decode path (attention_split.cc) reads its
   // blocks in place on every instruction set, kSubRows rows at a time; the
-  // fused backward, which reads each of its B blocks for many tiles, copies
-  // them on every instruction set (attention_backward_fused.cc).
+  // forward and the fused backward, which read each of their B blocks for
+  // many tiles, copy them on every instruction set (attention_kernels.cc,
+  // attention_backward_fused.cc).
   bool copy_b_blocks;
 };
 

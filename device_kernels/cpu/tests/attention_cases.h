@@ -232,6 +232,11 @@ std::vector<Problem> Cases() {
   p.dropout = DropoutMode::kMask;
   p.keep_prob = 0.7;
   cases.push_back(p);
+  // With one worker, the forward's items take all 4 query blocks of a head group (16 lanes).
+  p = Batched("gqa G=4 one forward item per head group", 2, 200, 230, -kInf, 30);
+  p.n1 = 8;
+  p.n2 = 2;
+  cases.push_back(p);
   return cases;
 }
 

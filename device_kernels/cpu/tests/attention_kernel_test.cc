@@ -38,6 +38,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 int g_failures = 0;
 int g_checks = 0;
 int g_copied_cases = 0;  // cases run through the head-major K/V copy
+int g_reshaped_cases = 0;  // cases whose forward items change with the workers
 
 void Fail(const std::string& what) {
   if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
@@ -163,6 +164,21 @@ void RunProblem(const Problem& p, uint32_t seed) {
     }
   }
 
+  // The forward again, with other geometry (strides, workers) over key and value rows kx, vx:
+  // whether it gives the same bits.
+  auto same_forward = [&](const AttentionGeometry& gx, const T* kx, const T* vx) {
+    std::vector<T> out_x = Prefilled<T>(o_inside, 0.0f);
+    std::vector<float> mx_x = Prefilled<float>(s_inside, kMaskValue);
+    std::vector<float> sm_x = Prefilled<float>(s_inside, kDeadRowSum);
+    AttentionForwardArgs<T> fx{q.data(), kx, vx, out_x.data(), mx_x.data(), sm_x.data()};
+    RunChunks(AttentionForwardWorkItems(gx, p.seqs.data()),
+              [&](int64_t b, int64_t e) { AttentionForward(gx, p.seqs.data(), fx, b, e); });
+    ++g_checks;
+    return std::memcmp(out.data(), out_x.data(), out.size() * sizeof(T)) == 0 &&
+           std::memcmp(smax.data(), mx_x.data(), smax.size() * sizeof(float)) == 0 &&
+           std::memcmp(ssum.data(), sm_x.data(), ssum.size() * sizeof(float)) == 0;
+  };
+
   // Through a head-major copy of K and V (rows nothing copies stay NaN): the same bits.
   const KeyValueCopy copy_plan = HeadMajorKeyValue(g, p.seqs.data());
   if (copy_plan.items > 0) {
@@ -174,18 +190,19 @@ void RunProblem(const Problem& p, uint32_t seed) {
     AttentionGeometry gc = g;
     gc.k = copy_plan.k;
     gc.v = copy_plan.v;
-    std::vector<T> out_c = Prefilled<T>(o_inside, 0.0f);
-    std::vector<float> mx_c = Prefilled<float>(s_inside, kMaskValue);
-    std::vector<float> sm_c = Prefilled<float>(s_inside, kDeadRowSum);
-    AttentionForwardArgs<T> fc{q.data(),     copy.data(),  copy.data() + copy_plan.value_offset,
-                               out_c.data(), mx_c.data(), sm_c.data()};
-    RunChunks(AttentionForwardWorkItems(gc, p.seqs.data()),
-              [&](int64_t b, int64_t e) { AttentionForward(gc, p.seqs.data(), fc, b, e); });
-    ++g_checks;
-    if (std::memcmp(out.data(), out_c.data(), out.size() * sizeof(T)) != 0 ||
-        std::memcmp(smax.data(), mx_c.data(), smax.size() * sizeof(float)) != 0 ||
-        std::memcmp(ssum.data(), sm_c.data(), ssum.size() * sizeof(float)) != 0) {
+    if (!same_forward(gc, copy.data(), copy.data() + copy_plan.value_offset)) {
       Fail(name + ": forward through the head-major K/V copy differs");
+    }
+  }
+
+  // With so many workers that no item takes a whole head group's query blocks (g has one
+  // worker): other items, the same bits.
+  AttentionGeometry gw = g;
+  gw.workers = int64_t{1} << 20;
+  if (AttentionForwardWorkItems(gw, p.seqs.data()) != AttentionForwardWorkItems(g, p.seqs.data())) {
+    ++g_reshaped_cases;
+    if (!same_forward(gw, k.data(), v.data())) {
+      Fail(name + ": forward with narrower work items differs");
     }
   }
 
@@ -406,6 +423,7 @@ int main(int argc, char** argv) {
   run_cases();
   ++g_checks;
   if (g_copied_cases == 0) Fail("no case ran through the head-major K/V copy");
+  if (g_reshaped_cases == 0) Fail("no case had forward items that change with the workers");
   // Again with the branches this CPU's routines leave out, each the other way round:
   // B blocks copied or read in place, and bfloat16 scores widened or on a bf16_gemm
   // (emulated where the CPU has none: bf16_gemm_emulated.h).
