@@ -113,6 +113,7 @@ std::vector<Problem> Cases() {
   p = Batched("sharp scores", 1, 96, 96, -kInf, 0);
   p.scale = 40.0f;  // exp underflows for most keys; nothing may turn into NaN
   p.stat_tol = 1e-4;
+  p.out_tol = 1e-4;  // seen at 2.5e-5 with other seeds (the scores' rounding x 40)
   cases.push_back(p);
   cases.push_back(Batched("empty band", 1, 50, 50, 5, 2));
   cases.push_back(Batched("all visible via floor", 1, 70, 90, -kInf, -kInf + 5, kInf));

@@ -27,6 +27,9 @@ struct Problem {
   double mask_density = 0.3;
   float scale = 0.0f;         // 0: 1/sqrt(d)
   double stat_tol = 1e-5;     // float32 statistics (large scores lose relative precision)
+  // float32 outputs, where larger than the dtype's tolerance: a score's rounding
+  // (relative to |q.k|) reaches exp() multiplied by the scale.
+  double out_tol = 0.0;
   // Positional bias and dropout (spec/attention_bias_dropout.md), in the
   // canonical operand forms of the kernels (attention_kernels.h).
   BiasKind bias = BiasKind::kNone;
