@@ -173,7 +173,7 @@ ffi::Error AttentionForwardImpl(
       cpu::AttentionForwardArgs<T> read_args = args;
       std::optional<cpu::ThreadScratch> copy;
       if (cpu::CopyKeyValueFirst(read, d.seqs, sizeof(T))) {
-        const cpu::KeyValueCopy plan = cpu::HeadMajorKeyValue(g, d.seqs);
+        const cpu::KeyValueCopy plan = cpu::HeadMajorKeyValue(read, d.seqs);
         const int64_t bytes = plan.elements * int64_t{sizeof(T)};
         if (PassScratch(copy, (bytes + 3) / 4).success()) {
           AdviseHugePages(copy->data(), bytes);
