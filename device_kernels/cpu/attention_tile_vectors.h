@@ -84,7 +84,10 @@ JAX_ROPE_INLINE void Store(float* p, const V& v) {
 // gives 0, applied to the bits of 2^n, off the polynomial's dependency chain;
 // x is clamped to [-87, 88] so that every term stays finite; NaN stays NaN.
 // 1.3x faster on AVX2 than Cephes' expf with its degree-7 polynomial and
-// blended clamps.
+// blended clamps. On Zen 4 no AVX-512 variant measured was worth its own bits:
+// 2^n by vscalefps (2.76 ns a vector alone, 3.25 with vrndscaleps for n),
+// 2^(j/32) from two registers and a degree-3 polynomial (2.98 ns), this one
+// 3.15 ns; all the exps of the causal S4096 forward take 4% of its time.
 template <class Isa>
 JAX_ROPE_INLINE void Exp(typename Isa::V& x) {
   using V = typename Isa::V;
