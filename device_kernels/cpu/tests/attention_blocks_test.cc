@@ -14,6 +14,10 @@
 //     span, aligned spans keep the products' vector writes inside the tile, a
 //     covered tile is one product, and a causal diagonal tile computes 5/8 of
 //     itself;
+//   - WorkItems lists every (sequence, head, block) once, sequence by sequence
+//     and head by head, each head's blocks costliest first: a causal band's
+//     last query block (and first key block) first, a band that narrows
+//     towards the end its first, uniform bands in block order;
 //   - the float32 transposes (TransposeRows, LoadTransposed: 4 x 4 vector
 //     blocks and element-wise edges) against the definition, for every shape
 //     up to 21 x 21, with LoadTransposed's zero padding and nothing else written.
@@ -37,6 +41,7 @@ using jax_rope::cpu::attention::BlockSpan;
 using jax_rope::cpu::attention::ForEachVisibleStrip;
 using jax_rope::cpu::attention::LoadTransposed;
 using jax_rope::cpu::attention::TransposeRows;
+using jax_rope::cpu::attention::WorkItems;
 
 constexpr int32_t kNoLimit = 1 << 30;
 
@@ -187,6 +192,40 @@ double CausalVisited(int32_t len, int64_t block) {
   return double(visited) / double(tiles);
 }
 
+// WorkItems over `seqs` with `heads` heads: every (sequence, head, block)
+// exactly once, sequences and then heads in order, and where `expected` is
+// given, each head's blocks in that order.
+void CheckWorkItems(const std::vector<SequenceBand>& seqs, int64_t heads, bool key_blocks,
+                    int64_t block, const std::vector<int64_t>* expected = nullptr) {
+  jax_rope::cpu::AttentionGeometry g;
+  g.batch = int64_t(seqs.size());
+  g.q_heads = g.kv_heads = heads;
+  g.head_dim = g.value_dim = 16;
+  const WorkItems items(g, seqs.data(), key_blocks, block);
+  int64_t t = 0;
+  bool ok = true;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const int64_t len = key_blocks ? seqs[b].kv_len : seqs[b].q_len;
+    const int64_t blocks = (std::max<int64_t>(len, 0) + block - 1) / block;
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<int64_t> order;
+      for (int64_t k = 0; k < blocks && t < items.size(); ++k, ++t) {
+        const WorkItems::Item it = items[t];
+        ok &= it.seq == b && it.head == h;
+        order.push_back(it.block);
+      }
+      std::vector<int64_t> sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      for (int64_t k = 0; k < int64_t(sorted.size()); ++k) ok &= sorted[k] == k;
+      ok &= int64_t(order.size()) == blocks && (expected == nullptr || order == *expected);
+    }
+  }
+  if (!ok || t != items.size()) {
+    Fail(seqs.front(), key_blocks ? 0 : block, key_blocks ? block : 0, 0, 0,
+         "work items of " + std::to_string(seqs.size()) + " sequences out of order");
+  }
+}
+
 // dst (cols lines of ld) after TransposeRows (pad: LoadTransposed) of a rows x
 // cols block with row stride cols + 3: element (r, l) at line l, column r;
 // columns rows..RoundUpToTile(rows) zero when padded; the rest untouched.
@@ -246,6 +285,20 @@ int main() {
       for (int64_t bk : blocks) CheckBand(s, bq, bk);
     }
   }
+  for (const SequenceBand& s : bands) {
+    const std::vector<SequenceBand> three = {s, bands[1], s};
+    for (int64_t block : {16, 64, 128}) {
+      for (bool key_blocks : {false, true}) CheckWorkItems(three, 3, key_blocks, block);
+    }
+  }
+  // 256 positions in blocks of 64: the order of each head's blocks.
+  const std::vector<int64_t> backwards = {3, 2, 1, 0}, forwards = {0, 1, 2, 3};
+  const std::vector<SequenceBand> causal256 = {Seq(256, 256, -kNoLimit, 0, -kNoLimit)};
+  CheckWorkItems(causal256, 2, false, 64, &backwards);
+  CheckWorkItems(causal256, 2, true, 64, &forwards);
+  CheckWorkItems({Seq(256, 256, 0, kNoLimit, -kNoLimit)}, 2, false, 64, &forwards);
+  CheckWorkItems({Seq(256, 256, -kNoLimit, kNoLimit, -kNoLimit)}, 2, false, 64, &forwards);
+  CheckWorkItems({Seq(256, 256, -kNoLimit, kNoLimit, -kNoLimit)}, 2, true, 64, &forwards);
   // Causal 256 x 256 in 16 x 16 tiles: 16 partial diagonal tiles, 120 full, 120 skipped.
   const double visited = CausalVisited(256, 16);
   if (!(visited > 0.5 && visited < 0.56)) {
