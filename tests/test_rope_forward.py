@@ -217,3 +217,16 @@ def test_low_precision_bitwise_golden(backend, mode, dtype, D, r):
                                              dtype=np.float32)
         for got, g in zip(out, golden):
             helpers.assert_within_ulp(got, g, DTYPES[dtype], ulps=0, err_msg=layout)
+
+
+@pytest.mark.parametrize("mode,r", [("half", 128), ("interleave", 96)])
+def test_large_fresh_outputs(mode, r):
+    """Fresh outputs of 64 MiB and more, which the CPU kernel streams to memory past the
+    cache (72 MiB here), against the oracle like any other call."""
+    require_backend("ffi")
+    inp = make_inputs(rng_for("large", mode, r), "BSND", "float32", B=1, S=4096, Nq=32, Nk=4,
+                      D=128, r=r, cos_batch_one=True)
+    assert (inp["query"].nbytes + inp["key"].nbytes) >= 64 << 20
+    with jr.backend("ffi"):
+        out = rope(inp, "BSND", mode, jit=True)
+    assert_forward_matches(out, inp, "BSND", mode, "float32")

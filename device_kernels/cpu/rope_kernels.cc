@@ -1,12 +1,17 @@
 #include "device_kernels/cpu/rope_kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <vector>
 
 #include "device_kernels/cpu/rope_rows_f16c.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace jax_rope::cpu {
 namespace {
@@ -134,8 +139,9 @@ JAX_ROPE_INLINE void RotateInterleave(const T* x, T* out, const float* __restric
 // dcos/dsin sums over heads.
 class Scratch {
  public:
-  explicit Scratch(int64_t rotary_dim)
-      : table_(RoundUp(rotary_dim)), data_(new (std::align_val_t{64}) float[4 * table_]()) {}
+  explicit Scratch(int64_t rotary_dim, int64_t head_dim = 0)
+      : table_(RoundUp(rotary_dim)),
+        data_(new (std::align_val_t{64}) float[4 * table_ + RoundUp(head_dim)]()) {}
   ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -144,6 +150,11 @@ class Scratch {
   float* s() { return data_ + table_; }
   float* dcos() { return data_ + 2 * table_; }
   float* dsin() { return data_ + 3 * table_; }
+  // head_dim elements of any type up to float32's size.
+  template <typename T>
+  T* row() {
+    return reinterpret_cast<T*>(data_ + 4 * table_);
+  }
 
  private:
   static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
@@ -172,16 +183,48 @@ JAX_ROPE_INLINE void RotateRow(RotaryMode mode, const T* x_row, T* out_row, cons
   }
 }
 
+// Copies `bytes` to dst with non-temporal stores where dst is 16-byte aligned,
+// which write memory without first reading each line into the cache.
+JAX_ROPE_INLINE void StreamBytes(const void* src, void* dst, int64_t bytes) {
+#if defined(__SSE2__)
+  const char* from = static_cast<const char*>(src);
+  char* to = static_cast<char*>(dst);
+  const int64_t head =
+      std::min<int64_t>(bytes, (16 - (reinterpret_cast<uintptr_t>(to) & 15)) & 15);
+  std::memcpy(to, from, head);
+  int64_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(to + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+  }
+  std::memcpy(to + i, from + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// Orders the non-temporal stores before whatever follows (the caller's hand-off).
+JAX_ROPE_INLINE void StreamFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// staging (head_dim elements, or null): each output row is built there and
+// streamed to `out`.
 template <typename T>
 JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, int64_t heads,
-                                  int64_t head_stride, const float* c, const float* s) {
+                                  int64_t head_stride, const float* c, const float* s,
+                                  T* staging) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
   for (int64_t n = 0; n < heads; ++n) {
     const T* x_row = in + n * head_stride;
     T* out_row = out + n * head_stride;
-    RotateRow(g.mode, x_row, out_row, c, s, r);
-    if (r < d && out_row != x_row) std::memcpy(out_row + r, x_row + r, (d - r) * sizeof(T));
+    T* row = staging != nullptr ? staging : out_row;
+    RotateRow(g.mode, x_row, row, c, s, r);
+    if (r < d && row != x_row) std::memcpy(row + r, x_row + r, (d - r) * sizeof(T));
+    if (staging != nullptr) StreamBytes(staging, out_row, d * int64_t{sizeof(T)});
   }
 }
 
@@ -204,8 +247,11 @@ template <typename T>
 JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
                                                    const RopeForwardArgs<T>& a, int64_t begin,
                                                    int64_t end) {
-  Scratch scratch(g.rotary_dim);
+  Scratch scratch(g.rotary_dim, g.head_dim);
   const int64_t r = g.rotary_dim;
+  // In place, each output line is in the cache from its read: stored as usual.
+  const bool stream = a.stream_outputs && a.query_out != a.query && a.key_out != a.key;
+  T* staging = stream ? scratch.row<T>() : nullptr;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = t / g.seq;
     const int64_t pos = t % g.seq;
@@ -214,9 +260,12 @@ JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
     const float* s = LoadRow(a.sin + cos_offset, r, scratch.s());
     const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
     const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
-    ForwardHeads(g, a.query + q_offset, a.query_out + q_offset, g.q_heads, g.q.head, c, s);
-    ForwardHeads(g, a.key + k_offset, a.key_out + k_offset, g.k_heads, g.k.head, c, s);
+    ForwardHeads(g, a.query + q_offset, a.query_out + q_offset, g.q_heads, g.q.head, c, s,
+                 staging);
+    ForwardHeads(g, a.key + k_offset, a.key_out + k_offset, g.k_heads, g.k.head, c, s,
+                 staging);
   }
+  if (staging != nullptr) StreamFence();
 }
 
 template <typename T>

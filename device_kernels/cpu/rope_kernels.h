@@ -24,6 +24,10 @@ struct RopeForwardArgs {
   const T* sin;
   T* query_out;
   T* key_out;
+  // Outputs apart from the inputs are written with non-temporal stores (same
+  // values), which skip reading each output line into the cache first: for
+  // outputs too large to stay there for whoever reads them next.
+  bool stream_outputs = false;
 };
 
 template <typename T>

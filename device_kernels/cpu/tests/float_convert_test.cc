@@ -4,11 +4,14 @@
 // quiet with its sign and upper payload bits), on every 16-bit pattern and on
 // float32 inputs around each rounding boundary; then the same conversions as
 // the RoPE kernels run them (the clone this CPU picks, vectorised; float16 with
-// F16C and without), on rows with NaN, inf, overflow and ties. Built and run by ctest (CMake option
-// JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+// F16C and without), on rows with NaN, inf, overflow and ties, the forward's
+// outputs stored as usual and streamed (RopeForwardArgs::stream_outputs, rows
+// at every alignment; float32 streamed: the same bits as stored). Built and
+// run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,7 +128,8 @@ void CheckNarrowing() {
 // for interleave. Inputs are 16-bit values, so the products are exact in
 // float32 and the expected bits follow from the reference of one rounding.
 template <typename T>
-void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float), int64_t dim) {
+void CheckRopeRounding(int32_t mode, bool in_place, bool stream, uint16_t (*reference)(float),
+                       int64_t dim) {
   const int64_t batch = 2, seq = 5, heads = 3;
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
@@ -152,7 +156,7 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
   const std::vector<T> query_in = query, key_in = key;
   RopeForwardArgs<T> args{query.data(), key.data(), cos.data(), sin.data(),
                           in_place ? query.data() : query_out.data(),
-                          in_place ? key.data() : key_out.data()};
+                          in_place ? key.data() : key_out.data(), stream};
   RopeForward<T>(g, args, 0, g.tokens());
   const std::vector<T>& got_q = in_place ? query : query_out;
   const std::vector<T>& got_k = in_place ? key : key_out;
@@ -189,9 +193,51 @@ void CheckRopeRounding(int32_t mode, bool in_place, uint16_t (*reference)(float)
         const uint16_t quiet_nan = reference(NAN) & 0x7fffu;
         ++g_checks;
         if (std::isnan(exact) ? (bits & quiet_nan) != quiet_nan : bits != want)
-          Fail(std::string(in_place ? "in place " : "") + "mode " + std::to_string(mode) +
+          Fail(std::string(in_place ? "in place " : "") + (stream ? "streamed " : "") + "mode " +
+               std::to_string(mode) +
                " row " + std::to_string(row) + " element " + std::to_string(i) + ": " +
                std::to_string(bits) + ", want " + std::to_string(want));
+      }
+    }
+  }
+}
+
+// The float32 forward streamed (RopeForwardArgs::stream_outputs) into outputs
+// starting `shift` elements past an aligned address, rotating `rotary` of each
+// row's `dim` elements: the bits of the stored forward, whose values the Python
+// tests hold to the float64 oracle.
+void CheckRopeStreamedFloat(int32_t mode, int64_t dim, int64_t rotary, int64_t shift) {
+  const int64_t batch = 2, seq = 3, heads = 5;
+  RopeGeometry g;
+  const std::vector<int64_t> q{batch, seq, heads, dim}, k{batch, seq, 2, dim};
+  const std::vector<int64_t> c{1, seq, 1, rotary};
+  const std::string err =
+      MakeRopeGeometry(static_cast<int32_t>(Layout::kBSND), mode, q, k, c, c, &g);
+  if (!err.empty()) return Fail("geometry: " + err);
+  std::mt19937 rng(static_cast<uint32_t>(mode * 31 + dim + rotary + shift));
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> query(batch * seq * heads * dim), key(batch * seq * 2 * dim);
+  std::vector<float> cos(seq * rotary), sin(seq * rotary);
+  for (auto* v : {&query, &key, &cos, &sin}) {
+    for (float& x : *v) x = u(rng);
+  }
+  std::vector<float> stored_q(query.size()), stored_k(key.size());
+  std::vector<float> streamed_q(query.size() + 8), streamed_k(key.size() + 8);
+  RopeForward<float>(g, {query.data(), key.data(), cos.data(), sin.data(), stored_q.data(),
+                         stored_k.data(), false}, 0, g.tokens());
+  RopeForward<float>(g, {query.data(), key.data(), cos.data(), sin.data(),
+                         streamed_q.data() + shift, streamed_k.data() + shift, true},
+                     0, g.tokens());
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::vector<float>& want = pass ? stored_k : stored_q;
+    const float* got = (pass ? streamed_k : streamed_q).data() + shift;
+    for (size_t i = 0; i < want.size(); ++i, ++g_checks) {
+      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+        Fail("float32 streamed, mode " + std::to_string(mode) + " dim " + std::to_string(dim) +
+             " rotary " + std::to_string(rotary) + " shift " + std::to_string(shift) +
+             ": element " + std::to_string(i) +
+             " differs from the stored forward");
+        break;
       }
     }
   }
@@ -261,13 +307,16 @@ int main() {
     UseF16cForTesting(f16c);
     // Rows ending in a partial vector (52: pairs of 26 and 13; 44: 22), and
     // rows shorter than one (12: pairs of 6 and 3).
+    // Streamed in place: stored as usual (the kernel streams fresh outputs only).
     for (bool in_place : {false, true}) {
-      for (int64_t dim : {52, 12}) {
-        for (RotaryMode mode :
-             {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
-          const int32_t m = static_cast<int32_t>(mode);
-          if (f16c) CheckRopeRounding<BFloat16>(m, in_place, ReferenceBf16, dim);
-          CheckRopeRounding<Float16>(m, in_place, ReferenceF16, dim);
+      for (bool stream : {false, true}) {
+        for (int64_t dim : {52, 12}) {
+          for (RotaryMode mode :
+               {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
+            const int32_t m = static_cast<int32_t>(mode);
+            if (f16c) CheckRopeRounding<BFloat16>(m, in_place, stream, ReferenceBf16, dim);
+            CheckRopeRounding<Float16>(m, in_place, stream, ReferenceF16, dim);
+          }
         }
       }
       for (int64_t dim : {44, 12}) {
@@ -279,6 +328,15 @@ int main() {
     }
   }
   UseF16cForTesting(true);
+  for (RotaryMode mode : {RotaryMode::kHalf, RotaryMode::kQuarter, RotaryMode::kInterleave}) {
+    for (int64_t dim : {128, 52, 12}) {
+      for (int64_t rotary : {dim, dim / 8 * 4}) {  // all of the row, and about half
+        for (int64_t shift : {0, 1, 3}) {
+          CheckRopeStreamedFloat(static_cast<int32_t>(mode), dim, rotary, shift);
+        }
+      }
+    }
+  }
   std::printf("float_convert_test: %lld checks, %d failures\n", static_cast<long long>(g_checks),
               g_failures);
   return g_failures == 0 ? 0 : 1;
