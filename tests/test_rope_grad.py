@@ -13,6 +13,7 @@ from jax.test_util import check_grads
 import helpers
 import jax_rope as jr
 import rope_oracle as oracle
+from conftest import require_backend
 from helpers import DTYPES, GRAD_TOL, args_of, assert_close, f64, make_inputs, rng_for
 
 GRAD_NAMES = ("dq", "dk", "dcos", "dsin")
@@ -219,3 +220,18 @@ def test_random_shapes_grad(backend, case):
     wq, wk = weights(np.random.default_rng(case["seed"] + 1), inp)
     grads = jax.grad(make_loss(layout), argnums=(0, 1, 2, 3))(*args_of(inp), wq, wk)
     check_grads_against_oracle(grads, inp, wq, wk, layout, "float32")
+
+
+@pytest.mark.parametrize("r", [128, 96])
+def test_large_fresh_gradients(r):
+    """dq and dk of 64 MiB and more (72 MiB here), which the CPU kernel streams to memory,
+    against the oracle; cos broadcast over a batch of 2 (dcos/dsin summed in a second pass)."""
+    require_backend("ffi")
+    rng = rng_for("large grad", r)
+    inp = make_inputs(rng, "BSND", "float32", B=2, S=2048, Nq=32, Nk=4, D=128, r=r,
+                      cos_batch_one=True)
+    assert inp["query"].nbytes + inp["key"].nbytes >= 64 << 20
+    wq, wk = weights(rng, inp)
+    with jr.backend("ffi"):
+        grads = jax.jit(jax.grad(make_loss("BSND"), argnums=(0, 1, 2, 3)))(*args_of(inp), wq, wk)
+    check_grads_against_oracle(grads, inp, wq, wk, "BSND", "float32")

@@ -50,13 +50,15 @@ int64_t TokenGrain(const RopeGeometry& g) {
 }
 
 // Fresh outputs from this size on are streamed to memory (RopeForwardArgs::
-// stream_outputs). Jitted forward, B4 S2048 Nq16 Nk4 D128 on two Zen 4 cores
-// (32 MiB L3), old and new builds alternated three times (medians): float32,
-// 84 MB of outputs, 8.1-11.3 -> 6.7-7.6 ms into fresh pages and 3.2-5.2 ->
-// 2.7-3.1 ms with malloc keeping freed memory. Streamed from 32 MiB on,
-// bfloat16 (42 MB, freed memory kept) went 1.9-2.3 -> 2.2-2.8 ms: outputs of
-// that size partly stay in the cache for the next call, whose buffers malloc
-// hands out at the same addresses.
+// stream_outputs; the backward's dquery and dkey too). Jitted forward, B4 S2048
+// Nq16 Nk4 D128 on two Zen 4 cores (32 MiB L3), old and new builds alternated
+// three times (medians): float32, 84 MB of outputs, 8.1-11.3 -> 6.7-7.6 ms into
+// fresh pages and 3.2-5.2 -> 2.7-3.1 ms with malloc keeping freed memory; the
+// forward+backward with the backward's outputs streamed as well, 20.6-28.9 ->
+// 17.7-20.7 ms (fresh; freed memory kept: 10.9-12.4 -> 10.9-11.3). Streamed from
+// 32 MiB on, bfloat16 (42 MB, freed memory kept) went 1.9-2.3 -> 2.2-2.8 ms:
+// outputs of that size partly stay in the cache for the next call, whose
+// buffers malloc hands out at the same addresses.
 constexpr int64_t kStreamOutputBytes = int64_t{64} << 20;
 
 }  // namespace
@@ -128,6 +130,9 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
   for (ffi::AnyBuffer* out : {&dquery, &dkey}) {
     AdviseHugePages(out->untyped_data(), out->size_bytes());
   }
+  const bool stream = dquery.untyped_data() != grad_query.untyped_data() &&
+                      dkey.untyped_data() != grad_key.untyped_data() &&
+                      int64_t(dquery.size_bytes() + dkey.size_bytes()) >= kStreamOutputBytes;
   return DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool with_inputs = query != nullptr;
@@ -144,6 +149,7 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
         with_inputs ? Data<T>(*dsin) : nullptr};
     std::vector<float> partial(with_inputs ? cpu::RopeBackwardPartialFloats(g) : 0);
     args.partial = partial.empty() ? nullptr : partial.data();
+    args.stream_outputs = stream;
     ParallelFor(pool, g.tokens(), TokenGrain(g),
                 [&](int64_t begin, int64_t end) { cpu::RopeBackward(g, args, begin, end); });
     if (args.partial != nullptr) {  // dcos/dsin: sum the per-token rows over the batch

@@ -228,18 +228,21 @@ JAX_ROPE_INLINE void ForwardHeads(const RopeGeometry& g, const T* in, T* out, in
   }
 }
 
+// staging as in ForwardHeads.
 template <typename T>
 JAX_ROPE_INLINE void BackwardHeads(const RopeGeometry& g, const T* grad, const T* input,
                                    T* dinput, int64_t heads, int64_t head_stride, const float* c,
-                                   const float* s, Scratch& scratch) {
+                                   const float* s, Scratch& scratch, T* staging) {
   const int64_t d = g.head_dim;
   const int64_t r = g.rotary_dim;
   for (int64_t n = 0; n < heads; ++n) {
     const T* g_row = grad + n * head_stride;
     T* dx_row = dinput + n * head_stride;
-    RotateHalfAdjointRow(g_row, input != nullptr ? input + n * head_stride : nullptr, dx_row, c,
-                         s, scratch.dcos(), scratch.dsin(), r / 2);
-    if (r < d && dx_row != g_row) std::memcpy(dx_row + r, g_row + r, (d - r) * sizeof(T));
+    T* row = staging != nullptr ? staging : dx_row;
+    RotateHalfAdjointRow(g_row, input != nullptr ? input + n * head_stride : nullptr, row, c, s,
+                         scratch.dcos(), scratch.dsin(), r / 2);
+    if (r < d && row != g_row) std::memcpy(row + r, g_row + r, (d - r) * sizeof(T));
+    if (staging != nullptr) StreamBytes(staging, dx_row, d * int64_t{sizeof(T)});
   }
 }
 
@@ -271,9 +274,11 @@ JAX_ROPE_INLINE void RopeForwardImpl(const RopeGeometry& g,
 template <typename T>
 JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardArgs<T>& a,
                                       int64_t begin, int64_t end) {
-  Scratch scratch(g.rotary_dim);
+  Scratch scratch(g.rotary_dim, g.head_dim);
   const int64_t r = g.rotary_dim;
   const bool with_inputs = a.query != nullptr;
+  const bool stream = a.stream_outputs && a.dquery != a.grad_query && a.dkey != a.grad_key;
+  T* staging = stream ? scratch.row<T>() : nullptr;
   for (int64_t t = begin; t < end; ++t) {
     const int64_t b = t / g.seq;
     const int64_t pos = t % g.seq;
@@ -285,9 +290,9 @@ JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardA
     const int64_t q_offset = b * g.q.batch + pos * g.q.seq;
     const int64_t k_offset = b * g.k.batch + pos * g.k.seq;
     BackwardHeads(g, a.grad_query + q_offset, with_inputs ? a.query + q_offset : nullptr,
-                  a.dquery + q_offset, g.q_heads, g.q.head, c, s, scratch);
+                  a.dquery + q_offset, g.q_heads, g.q.head, c, s, scratch, staging);
     BackwardHeads(g, a.grad_key + k_offset, with_inputs ? a.key + k_offset : nullptr,
-                  a.dkey + k_offset, g.k_heads, g.k.head, c, s, scratch);
+                  a.dkey + k_offset, g.k_heads, g.k.head, c, s, scratch, staging);
     if (!with_inputs) continue;
     if (a.partial != nullptr) {  // cos broadcasts over the batch: pass 2 sums
       std::copy(scratch.dcos(), scratch.dcos() + r, a.partial + t * r);
@@ -299,6 +304,7 @@ JAX_ROPE_INLINE void RopeBackwardImpl(const RopeGeometry& g, const RopeBackwardA
       a.dsin[cos_offset + i] = FromFloat<T>(scratch.dsin()[i]);
     }
   }
+  if (staging != nullptr) StreamFence();
 }
 
 template <typename T>

@@ -43,6 +43,9 @@ struct RopeBackwardArgs {
   T* dcos;  // null when query/key are null
   T* dsin;
   float* partial = nullptr;  // RopeBackwardPartialFloats(g) floats of scratch, or null
+  // dquery and dkey apart from grad_query and grad_key are written with
+  // non-temporal stores (RopeForwardArgs::stream_outputs).
+  bool stream_outputs = false;
 };
 
 // Tokens [begin, end) of batch * seq; every mode.

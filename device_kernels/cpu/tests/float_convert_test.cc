@@ -202,10 +202,10 @@ void CheckRopeRounding(int32_t mode, bool in_place, bool stream, uint16_t (*refe
   }
 }
 
-// The float32 forward streamed (RopeForwardArgs::stream_outputs) into outputs
-// starting `shift` elements past an aligned address, rotating `rotary` of each
-// row's `dim` elements: the bits of the stored forward, whose values the Python
-// tests hold to the float64 oracle.
+// The float32 forward (and in half mode the backward's dx) streamed
+// (stream_outputs) into outputs starting `shift` elements past an aligned
+// address, rotating `rotary` of each row's `dim` elements: the bits of the
+// stored results, whose values the Python tests hold to the float64 oracle.
 void CheckRopeStreamedFloat(int32_t mode, int64_t dim, int64_t rotary, int64_t shift) {
   const int64_t batch = 2, seq = 3, heads = 5;
   RopeGeometry g;
@@ -228,19 +228,33 @@ void CheckRopeStreamedFloat(int32_t mode, int64_t dim, int64_t rotary, int64_t s
   RopeForward<float>(g, {query.data(), key.data(), cos.data(), sin.data(),
                          streamed_q.data() + shift, streamed_k.data() + shift, true},
                      0, g.tokens());
-  for (int pass = 0; pass < 2; ++pass) {
-    const std::vector<float>& want = pass ? stored_k : stored_q;
-    const float* got = (pass ? streamed_k : streamed_q).data() + shift;
-    for (size_t i = 0; i < want.size(); ++i, ++g_checks) {
-      if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-        Fail("float32 streamed, mode " + std::to_string(mode) + " dim " + std::to_string(dim) +
-             " rotary " + std::to_string(rotary) + " shift " + std::to_string(shift) +
-             ": element " + std::to_string(i) +
-             " differs from the stored forward");
-        break;
+  const auto same_bits = [&](const char* what) {
+    for (int pass = 0; pass < 2; ++pass) {
+      const std::vector<float>& want = pass ? stored_k : stored_q;
+      const float* got = (pass ? streamed_k : streamed_q).data() + shift;
+      for (size_t i = 0; i < want.size(); ++i, ++g_checks) {
+        if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+          Fail(std::string("float32 streamed ") + what + ", mode " + std::to_string(mode) +
+               " dim " + std::to_string(dim) + " rotary " + std::to_string(rotary) + " shift " +
+               std::to_string(shift) + ": element " + std::to_string(i) + " differs");
+          break;
+        }
       }
     }
+  };
+  same_bits("forward");
+  if (mode != static_cast<int32_t>(RotaryMode::kHalf)) return;
+  const std::vector<float> grad_q = stored_q, grad_k = stored_k;  // the forward's outputs
+  for (bool stream : {false, true}) {
+    RopeBackwardArgs<float> args{grad_q.data(), grad_k.data(), cos.data(), sin.data(),
+                                 nullptr,       nullptr,
+                                 stream ? streamed_q.data() + shift : stored_q.data(),
+                                 stream ? streamed_k.data() + shift : stored_k.data(),
+                                 nullptr,       nullptr};
+    args.stream_outputs = stream;
+    RopeBackward<float>(g, args, 0, g.tokens());
   }
+  same_bits("backward");
 }
 
 // The backward's dx (half mode): c g1 + s' g2 and c' g2 - s g1 per pair (s' and
@@ -248,8 +262,8 @@ void CheckRopeStreamedFloat(int32_t mode, int64_t dim, int64_t rotary, int64_t s
 // inputs (which only add the dcos/dsin sums: checked against the float64
 // oracle by the Python tests).
 template <typename T>
-void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*reference)(float),
-                               int64_t dim) {
+void CheckRopeBackwardRounding(bool with_inputs, bool in_place, bool stream,
+                               uint16_t (*reference)(float), int64_t dim) {
   const int64_t batch = 1, seq = 4, heads = 2;
   RopeGeometry g;
   const std::vector<int64_t> q{batch, seq, heads, dim}, c{1, seq, 1, dim};
@@ -272,6 +286,7 @@ void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*refer
                            in_place ? grad_q.data() : dq.data(), dk.data(),
                            with_inputs ? dcos.data() : nullptr,
                            with_inputs ? dsin.data() : nullptr};
+  args.stream_outputs = stream;
   RopeBackward<T>(g, args, 0, g.tokens());
   const std::vector<T>& got = in_place ? grad_q : dq;
   const int64_t h = dim / 2;
@@ -290,8 +305,9 @@ void CheckRopeBackwardRounding(bool with_inputs, bool in_place, uint16_t (*refer
       ++g_checks;
       if (std::isnan(exact) ? (bits & quiet_nan) != quiet_nan : bits != want)
         Fail(std::string("backward") + (with_inputs ? " with inputs" : "") +
-             (in_place ? " in place" : "") + " row " + std::to_string(row) + " element " +
-             std::to_string(i) + ": " + std::to_string(bits) + ", want " + std::to_string(want));
+             (in_place ? " in place" : "") + (stream ? " streamed" : "") + " row " +
+             std::to_string(row) + " element " + std::to_string(i) + ": " +
+             std::to_string(bits) + ", want " + std::to_string(want));
     }
   }
 }
@@ -321,8 +337,13 @@ int main() {
       }
       for (int64_t dim : {44, 12}) {
         for (bool with_inputs : {false, true}) {
-          if (f16c) CheckRopeBackwardRounding<BFloat16>(with_inputs, in_place, ReferenceBf16, dim);
-          CheckRopeBackwardRounding<Float16>(with_inputs, in_place, ReferenceF16, dim);
+          for (bool stream : {false, true}) {
+            if (f16c) {
+              CheckRopeBackwardRounding<BFloat16>(with_inputs, in_place, stream, ReferenceBf16,
+                                                  dim);
+            }
+            CheckRopeBackwardRounding<Float16>(with_inputs, in_place, stream, ReferenceF16, dim);
+          }
         }
       }
     }
