@@ -131,15 +131,15 @@ void ForEachVisibleStrip(const Band& band, int64_t r0, int64_t nr, int64_t c0, i
 }
 
 // Items are (sequence, head, block) with blocks of `block` query (or key) rows,
-// sequence by sequence and head by head (consecutive items share their K/V
-// rows); within one (sequence, head) the blocks go in decreasing order of the
-// positions they visit (the other axis's span of each kTileAlign strip, summed;
-// ties in block order). Threads take chunks of consecutive items as they come
-// free, so the last chunks, which decide when the call ends, are the last
-// head's cheapest blocks: a causal band's first. Ordered 0, last, 1, last - 1,
-// ... instead, the call ended on one thread while the other still ran a chunk
-// of average items (causal forward on two Zen 4 cores, N8 D128: at S4096 the
-// threads finished 5-6 ms apart).
+// sequence by sequence and head by head (consecutive items read the same
+// head's rows of the other axis); within one (sequence, head) the blocks go in
+// decreasing order of the positions they visit (the other axis's span of each
+// kTileAlign strip, summed; ties in block order). Threads take chunks of
+// consecutive items as they come free, so the last chunks, which decide when
+// the call ends, are the last head's cheapest blocks: a causal band's first.
+// Ordered 0, last, 1, last - 1, ... instead, the call ended on one thread while
+// the other still ran a chunk of average items (causal forward on two Zen 4
+// cores, N8 D128: at S4096 the threads finished 5-6 ms apart).
 class WorkItems {
  public:
   struct Item {
