@@ -3,7 +3,8 @@
 // whose columns are (head, row) pairs, head-major, so each K/V block is read
 // (and converted) once per group; bias, mask and dropout run per head on that
 // head's columns. Short groups (at most kTileAlign rows) take the dot-product
-// score routine, longer ones the GEMM over the transposed rows. Decode reads
+// score routine, longer ones the GEMM over the transposed rows (for bfloat16
+// the bf16 GEMM over K in place, where the CPU has it). Decode reads
 // every K/V byte once and is bound by memory: the tile products read K and V
 // in place, in the order they lie in memory, which the hardware prefetchers
 // follow, and the dot scores ask for the next step's K rows (NextKeyRows).
@@ -14,6 +15,7 @@
 // 60 -> 42 ms; with a copy of each block in memory order 38 ms).
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "device_kernels/cpu/attention_bias.h"
@@ -96,23 +98,30 @@ class SplitItems {
   std::vector<int64_t> chunks_, ends_;
 };
 
-// Query rows of the group as float32 in q: row-major, row stride dp (dot
-// scores), or transposed, row stride kBlock (GEMM scores); zero padded to
+// Query rows of the group in q: as float32 row-major, row stride dp (dot
+// scores), or transposed, row stride kBlock (GEMM scores), or with `pairs`
+// (bfloat16 GEMM scores on TileOps::bf16_gemm) transposed as column pairs of
+// bfloat16 bits, d / 2 rows of kBlock (LoadPairsTransposed); zero padded to
 // RoundUpToTile(m) rows. q holds dp x kBlock floats.
 template <typename T>
 void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query, int64_t b,
-                    int64_t kvh, int64_t group, bool dot, int64_t dp, float* q) {
+                    int64_t kvh, int64_t group, bool dot, bool pairs, int64_t dp, float* q) {
   const int64_t nr = band.q_len, m = group * nr, mp = RoundUpToTile(m), d = g.head_dim;
+  uint32_t* qp = reinterpret_cast<uint32_t*>(q);
   for (int64_t h = 0; h < group; ++h) {
     const T* rows = query + Offset(g.q, b, band.q_start, kvh * group + h);
     if (dot) {
       LoadBlock(rows, g.q.seq, nr, d, q + h * nr * dp, dp);
+    } else if (pairs) {
+      LoadPairsTransposed(rows, g.q.seq, nr, d, qp + h * nr, kBlock, false);
     } else {
       TransposeRows(rows, g.q.seq, nr, d, q + h * nr, kBlock);
     }
   }
   if (dot) {
     std::fill(q + m * dp, q + mp * dp, 0.0f);
+  } else if (pairs) {
+    for (int64_t p = 0; p < d / 2; ++p) std::fill(qp + p * kBlock + m, qp + p * kBlock + mp, 0u);
   } else {
     for (int64_t p = 0; p < d; ++p) std::fill(q + p * kBlock + m, q + p * kBlock + mp, 0.0f);
   }
@@ -206,12 +215,20 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   // Float32 rows the products can read are read in place; others are converted
   // (LoadBlock) block by block for all the run's heads, in memory order too.
   // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
-  const bool keys_in_place = InPlace<T>(d, dot), values_in_place = InPlace<T>(dv, true);
+  // bfloat16 GEMM scores take the CPU's bf16 dot products where it has them
+  // (TileOps::bf16_gemm), K read in place and the queries packed in pairs
+  // rather than K converted first (jitted, B2 Skv4096 N1=32 N2=8 D128 on two
+  // Zen 4 cores: Sq 6, 8 and 16 8.2-8.6 -> 6.5-7.0, 9.0-9.4 -> 7.1-7.5 and
+  // 14.0-16.4 -> 10.8-11.2 ms).
+  const bool pairs =
+      std::is_same_v<T, BFloat16> && !dot && ops.bf16_gemm != nullptr && d % 2 == 0;
+  const bool keys_in_place = InPlace<T>(d, dot) || pairs;
+  const bool values_in_place = InPlace<T>(dv, true);
   const int64_t loaded_size = kBlock * std::max(ws.dp, ws.dvp);
   // Per head: its slot (maxima, sums, outputs) and packed query rows.
   for (int64_t t = t0; t < t1; ++t) {
     float* slot = scratch + t * items.slot();
-    PackGroupQuery(g, band, a.query, b, items[t].head, group, dot, ws.dp,
+    PackGroupQuery(g, band, a.query, b, items[t].head, group, dot, pairs, ws.dp,
                    queries + (t - t0) * q_size);
     std::fill(slot, slot + mp, kNegInf);
     std::fill(slot + rp, slot + rp + mp, 0.0f);
@@ -229,13 +246,17 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
                     loaded_size);
     }
     InMemoryOrder(g.k, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
-      const Operand k =
-          keys_in_place
-              ? View(a.key + Offset(g.k, b, band.kv_start + c0 + j0, items[t].head), g.k.seq,
-                     nj, d, dot, ws.n1, ws.dp)
-              : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp, ws.dp};
+      const T* key = a.key + Offset(g.k, b, band.kv_start + c0 + j0, items[t].head);
       const float* q = queries + (t - t0) * q_size;
       float* s = tiles + (t - t0) * tile_size + j0 * key_step;
+      if (pairs) {
+        ops.bf16_gemm(nj, m, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
+                      reinterpret_cast<const uint32_t*>(q), kBlock, s, kBlock);
+        return;
+      }
+      const Operand k = keys_in_place ? View(key, g.k.seq, nj, d, dot, ws.n1, ws.dp)
+                                      : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp,
+                                                ws.dp};
       if (dot) {
         RowsAhead ahead;  // asked for row by row as the dot scores read their key rows
         ahead.rows = nj;

@@ -137,12 +137,12 @@ void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, fl
 
 // The transpose of a block of rows x cols (cols even) as column pairs for
 // TileOps::bf16_gemm: dst[p * ld + r] = bits(src[r][2p]) | bits(src[r][2p + 1]) << 16,
-// zero columns up to RoundUpToTile(rows). Only for bfloat16 blocks.
+// zero columns up to RoundUpToTile(rows) when `pad`. Only for bfloat16 blocks.
 template <typename T>
 void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
-                         int64_t ld) {
+                         int64_t ld, bool pad = true) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    TransposeBlock(rows, cols / 2, dst, ld, true, [&](int64_t r, int64_t p) {
+    TransposeBlock(rows, cols / 2, dst, ld, pad, [&](int64_t r, int64_t p) {
       const T* in = src + r * stride + 2 * p;
       return uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
     });
