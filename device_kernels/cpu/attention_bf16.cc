@@ -1,13 +1,18 @@
 // The bfloat16 GEMM of TileOps::bf16_gemm: vdpbf16ps multiplies pairs of
 // bfloat16 along the depth axis exactly and adds them into float32 lanes, twice
 // the products per instruction of a float32 FMA, with no conversion of A (read
-// in place, a 32-bit pair per broadcast). Compiled for AVX-512 + AVX512_BF16
-// only inside this file's functions; attention_tiles.cc hands it out only when
+// in place, a 32-bit pair per broadcast); and TileOps::bf16_dot_scores, the
+// float32 dot scores' register blocks (attention_tile_products.h) on the same
+// instruction, key rows read in place. Compiled for AVX-512 + AVX512_BF16 only
+// inside this file's functions; attention_tiles.cc hands them out only when
 // the CPU has both.
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
+
+#include "device_kernels/cpu/attention_tile_products.h"
+#include "device_kernels/cpu/attention_tiles.h"
 
 #define JAX_ROPE_BF16 __attribute__((target("avx512f,avx512bf16")))
 
@@ -51,7 +56,69 @@ JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroEdge(
   Micro<MR, NV>(kp, a, lda, b, ldb, c, ldc);
 }
 
+// RB query rows x (16 / RB) keys per register block: 16 accumulators of pair
+// products, folded into one vector of scores (tile_simd::LaneSums). The last
+// pairs of a row, short of a whole vector, come in masked loads: nothing past
+// a key row is read. The blocking is tile_simd::DotScoresBlocked's; one
+// template for both would need its loop compiled for AVX512_BF16, as GCC
+// inlines no AVX512_BF16 step into a caller compiled without it.
+template <int RB>
+JAX_ROPE_BF16 inline __attribute__((always_inline)) void DotScoresBlocked(
+    int64_t keys, int64_t rows, int64_t kp, const uint16_t* k, int64_t ldk, const uint32_t* q,
+    int64_t ldq, float* s, int64_t key_step, int64_t row_step, const RowsAhead& ahead) {
+  using V = tile_simd::Avx512::V;
+  constexpr int w = 16, KB = w / RB;
+  const int64_t whole = kp / w * w;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (kp - whole)) - 1);
+  for (int64_t i0 = 0; i0 < rows; i0 += RB) {
+    const int64_t nrow = rows - i0 < RB ? rows - i0 : RB;
+    const uint32_t* qi = q + i0 * ldq;
+    for (int64_t j0 = 0; j0 < keys; j0 += KB) {
+      const uint16_t* kr[KB];
+      // Past the last key, the last key again (its scores are not stored).
+      for (int kk = 0; kk < KB; ++kk) kr[kk] = k + (j0 + kk < keys ? j0 + kk : keys - 1) * ldk;
+      for (int kk = 0; kk < KB && i0 == 0; ++kk) ahead.Fetch(j0 + kk);
+      __m512 acc[w];
+      for (int a = 0; a < w; ++a) acc[a] = _mm512_setzero_ps();
+      for (int64_t p = 0; p < kp; p += w) {
+        const __mmask16 mask = p < whole ? static_cast<__mmask16>(0xffff) : tail;
+        __m512bh qv[RB];
+        for (int r = 0; r < RB; ++r) {
+          qv[r] = (__m512bh)_mm512_maskz_loadu_epi32(mask, qi + r * ldq + p);
+        }
+        for (int kk = 0; kk < KB; ++kk) {
+          const __m512bh kv = (__m512bh)_mm512_maskz_loadu_epi32(mask, kr[kk] + 2 * p);
+          for (int r = 0; r < RB; ++r) {
+            acc[kk * RB + r] = _mm512_dpbf16_ps(acc[kk * RB + r], kv, qv[r]);
+          }
+        }
+      }
+      V folded[w];
+      for (int a = 0; a < w; ++a) folded[a] = (V)acc[a];
+      tile_simd::LaneSums<tile_simd::Avx512>(folded);
+      for (int kk = 0; kk < KB && j0 + kk < keys; ++kk) {
+        float* out = s + (j0 + kk) * key_step + i0 * row_step;
+        for (int64_t r = 0; r < nrow; ++r) out[r * row_step] = folded[0][kk * RB + r];
+      }
+    }
+  }
+}
+
 }  // namespace
+
+JAX_ROPE_BF16 void Bf16DotScoresAvx512(int64_t keys, int64_t rows, int64_t kp, const uint16_t* k,
+                                       int64_t ldk, const uint32_t* q, int64_t ldq, float* s,
+                                       int64_t key_step, int64_t row_step,
+                                       const RowsAhead& ahead) {
+#define JAX_ROPE_DOT(RB) \
+  return DotScoresBlocked<RB>(keys, rows, kp, k, ldk, q, ldq, s, key_step, row_step, ahead)
+  if (rows <= 1) JAX_ROPE_DOT(1);
+  if (rows <= 2) JAX_ROPE_DOT(2);
+  if (rows <= 4) JAX_ROPE_DOT(4);
+  if (rows <= 8) JAX_ROPE_DOT(8);
+  JAX_ROPE_DOT(16);
+#undef JAX_ROPE_DOT
+}
 
 JAX_ROPE_BF16 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a,
                                   int64_t lda, const uint32_t* b, int64_t ldb, float* c,

@@ -4,10 +4,11 @@
 // (and converted) once per group; bias, mask and dropout run per head on that
 // head's columns. Short groups (at most kTileAlign rows) take the dot-product
 // score routine, longer ones the GEMM over the transposed rows (for bfloat16
-// the bf16 GEMM over K in place, where the CPU has it). Decode reads
-// every K/V byte once and is bound by memory: the tile products read K and V
-// in place, in the order they lie in memory, which the hardware prefetchers
-// follow, and the dot scores ask for the next step's K rows (NextKeyRows).
+// both on the CPU's bf16 dot products over K in place, where it has them).
+// Decode reads every K/V byte once and is bound by memory: the tile products
+// read K and V in place, in the order they lie in memory, which the hardware
+// prefetchers follow, and the dot scores ask for the next step's K rows
+// (NextKeyRows).
 // Where a key row's kv heads are adjacent (BSND, TND) a thread runs the items
 // of up to kRunHeads neighbouring kv heads of one chunk together, kSubRows rows
 // of each head in turn; walking one head's rows a page apart, they do not
@@ -98,11 +99,13 @@ class SplitItems {
   std::vector<int64_t> chunks_, ends_;
 };
 
-// Query rows of the group in q: as float32 row-major, row stride dp (dot
-// scores), or transposed, row stride kBlock (GEMM scores), or with `pairs`
-// (bfloat16 GEMM scores on TileOps::bf16_gemm) transposed as column pairs of
-// bfloat16 bits, d / 2 rows of kBlock (LoadPairsTransposed); zero padded to
-// RoundUpToTile(m) rows. q holds dp x kBlock floats.
+// Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
+// float32 row-major, row stride dp (dot scores), or transposed, row stride
+// kBlock (GEMM scores); with `pairs` (bfloat16 scores on the CPU's bf16 dot
+// products) as pairs of bfloat16 bits, bits(x[2p]) | bits(x[2p + 1]) << 16:
+// row-major, row stride dp, for TileOps::bf16_dot_scores, or transposed, d / 2
+// rows of kBlock (LoadPairsTransposed), for TileOps::bf16_gemm. q holds dp x
+// kBlock floats.
 template <typename T>
 void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query, int64_t b,
                     int64_t kvh, int64_t group, bool dot, bool pairs, int64_t dp, float* q) {
@@ -110,15 +113,25 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
   uint32_t* qp = reinterpret_cast<uint32_t*>(q);
   for (int64_t h = 0; h < group; ++h) {
     const T* rows = query + Offset(g.q, b, band.q_start, kvh * group + h);
-    if (dot) {
-      LoadBlock(rows, g.q.seq, nr, d, q + h * nr * dp, dp);
+    if (pairs && dot) {
+      if constexpr (std::is_same_v<T, BFloat16>) {
+        for (int64_t r = 0; r < nr; ++r) {
+          const T* x = rows + r * g.q.seq;
+          uint32_t* out = qp + (h * nr + r) * dp;
+          for (int64_t p = 0; p < d / 2; ++p) {
+            out[p] = uint32_t{x[2 * p].bits} | uint32_t{x[2 * p + 1].bits} << 16;
+          }
+        }
+      }
     } else if (pairs) {
       LoadPairsTransposed(rows, g.q.seq, nr, d, qp + h * nr, kBlock, false);
+    } else if (dot) {
+      LoadBlock(rows, g.q.seq, nr, d, q + h * nr * dp, dp);
     } else {
       TransposeRows(rows, g.q.seq, nr, d, q + h * nr, kBlock);
     }
   }
-  if (dot) {
+  if (dot) {  // zero rows (float32 zeros and zero pairs are the same bits)
     std::fill(q + m * dp, q + mp * dp, 0.0f);
   } else if (pairs) {
     for (int64_t p = 0; p < d / 2; ++p) std::fill(qp + p * kBlock + m, qp + p * kBlock + mp, 0u);
@@ -215,13 +228,17 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   // Float32 rows the products can read are read in place; others are converted
   // (LoadBlock) block by block for all the run's heads, in memory order too.
   // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
-  // bfloat16 GEMM scores take the CPU's bf16 dot products where it has them
-  // (TileOps::bf16_gemm), K read in place and the queries packed in pairs
-  // rather than K converted first (jitted, B2 Skv4096 N1=32 N2=8 D128 on two
-  // Zen 4 cores: Sq 6, 8 and 16 8.2-8.6 -> 6.5-7.0, 9.0-9.4 -> 7.1-7.5 and
-  // 14.0-16.4 -> 10.8-11.2 ms).
-  const bool pairs =
-      std::is_same_v<T, BFloat16> && !dot && ops.bf16_gemm != nullptr && d % 2 == 0;
+  // bfloat16 scores take the CPU's bf16 dot products where it has them
+  // (TileOps::bf16_dot_scores, bf16_gemm), K read in place and the queries
+  // packed in pairs, rather than K converted first. Jitted, N1=32 N2=8 D128
+  // bottom-right causal on two Zen 4 cores, old and new builds alternated
+  // three times: dot scores, B8 Skv8192 decode 22.3-23.4 -> 16.5-18.5 ms, B2
+  // Skv4096 Sq 2 and 4 3.9-4.1 -> 2.2-2.5 and 5.7-6.5 -> 4.2-4.5 ms; GEMM
+  // scores, B2 Skv4096 Sq 6, 8 and 16 8.2-8.6 -> 6.5-7.0, 9.0-9.4 -> 7.1-7.5
+  // and 14.0-16.4 -> 10.8-11.2 ms. The GEMM for the dot scores' groups was
+  // slower (B8 decode 34 ms).
+  const bool pairs = std::is_same_v<T, BFloat16> && d % 2 == 0 &&
+                     (dot ? ops.bf16_dot_scores != nullptr : ops.bf16_gemm != nullptr);
   const bool keys_in_place = InPlace<T>(d, dot) || pairs;
   const bool values_in_place = InPlace<T>(dv, true);
   const int64_t loaded_size = kBlock * std::max(ws.dp, ws.dvp);
@@ -249,27 +266,35 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
       const T* key = a.key + Offset(g.k, b, band.kv_start + c0 + j0, items[t].head);
       const float* q = queries + (t - t0) * q_size;
       float* s = tiles + (t - t0) * tile_size + j0 * key_step;
-      if (pairs) {
-        ops.bf16_gemm(nj, m, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
-                      reinterpret_cast<const uint32_t*>(q), kBlock, s, kBlock);
+      if (!dot) {
+        if (pairs) {
+          ops.bf16_gemm(nj, m, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
+                        reinterpret_cast<const uint32_t*>(q), kBlock, s, kBlock);
+        } else {
+          const Operand k = keys_in_place
+                                ? View(key, g.k.seq, nj, d, false, ws.n1, ws.dp)
+                                : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp, ws.dp};
+          ops.gemm(nj, m, d, k.data, k.ld, 1, q, kBlock, s, kBlock, false);
+        }
         return;
       }
-      const Operand k = keys_in_place ? View(key, g.k.seq, nj, d, dot, ws.n1, ws.dp)
-                                      : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp,
-                                                ws.dp};
-      if (dot) {
-        RowsAhead ahead;  // asked for row by row as the dot scores read their key rows
-        ahead.rows = nj;
-        if (ask_values) {
-          ahead.streams[0] = RowsAhead::Of(
-              a.value + Offset(g.v, b, band.kv_start + c0 + j0, items[t].head), g.v.seq, dv);
-        }
-        if (keys_in_place && RowHeadsAdjacent(g.k)) {
-          ahead.streams[1] = NextKeyRows(g, band, a.key, b, items, t, t0, t1, c0, j0, nj, last);
-        }
-        ops.dot_scores(nj, m, d, k.data, k.ld, q, ws.dp, s, 1, kBlock, ahead);
+      RowsAhead ahead;  // asked for row by row as the dot scores read their key rows
+      ahead.rows = nj;
+      if (ask_values) {
+        ahead.streams[0] = RowsAhead::Of(
+            a.value + Offset(g.v, b, band.kv_start + c0 + j0, items[t].head), g.v.seq, dv);
+      }
+      if (keys_in_place && RowHeadsAdjacent(g.k)) {
+        ahead.streams[1] = NextKeyRows(g, band, a.key, b, items, t, t0, t1, c0, j0, nj, last);
+      }
+      if (pairs) {
+        ops.bf16_dot_scores(nj, m, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
+                            reinterpret_cast<const uint32_t*>(q), ws.dp, s, 1, kBlock, ahead);
       } else {
-        ops.gemm(nj, m, d, k.data, k.ld, 1, q, kBlock, s, kBlock, false);
+        const Operand k = keys_in_place
+                              ? View(key, g.k.seq, nj, d, true, ws.n1, ws.dp)
+                              : Operand{loaded + (t - t0) * loaded_size + j0 * ws.dp, ws.dp};
+        ops.dot_scores(nj, m, d, k.data, k.ld, q, ws.dp, s, 1, kBlock, ahead);
       }
     });
     for (int64_t t = t0; t < t1; ++t) {

@@ -1,7 +1,8 @@
 // The tile products: the register-blocked GEMM (TileOps::gemm) and the
 // dot-product scores of short query blocks (TileOps::dot_scores).
 // Private to attention_tiles.cc, which includes it after its fp-contract
-// pragma and instantiates these templates once per instruction set.
+// pragma and instantiates these templates once per instruction set, and to
+// attention_bf16.cc, whose bf16 dot scores fold their lanes with LaneSums.
 #pragma once
 
 #include <cstddef>

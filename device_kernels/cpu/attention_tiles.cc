@@ -25,6 +25,9 @@ namespace jax_rope::cpu {
 // attention_bf16.cc, compiled for AVX-512 with AVX512_BF16.
 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+void Bf16DotScoresAvx512(int64_t keys, int64_t rows, int64_t kp, const uint16_t* k, int64_t ldk,
+                         const uint32_t* q, int64_t ldq, float* s, int64_t key_step,
+                         int64_t row_step, const RowsAhead& ahead);
 
 namespace {
 
@@ -76,19 +79,21 @@ using namespace tile_simd;
   }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
                                    DotScores##Isa, SoftmaxRows##Isa, nullptr,                  \
-                                   WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
-                                   ScaleRows##Isa, RowDot##Isa,      copy_b};
+                                   nullptr,        WidenBf16##Isa,   WidenF16##Isa,            \
+                                   CopyRow##Isa,   ScaleRows##Isa,   RowDot##Isa,              \
+                                   copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
 JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))), true)
 JAX_ROPE_TILE_OPS(Sse2, , true)
 #undef JAX_ROPE_TILE_OPS
 
-// AVX-512 routines plus the bf16 GEMM (attention_bf16.cc).
-constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,      SoftmaxStepAvx512, SoftmaxGradAvx512,
-                                    DotScoresAvx512, SoftmaxRowsAvx512, Bf16GemmAvx512,
-                                    WidenBf16Avx512, WidenF16Avx512,    CopyRowAvx512,
-                                    ScaleRowsAvx512, RowDotAvx512,      false};
+// AVX-512 routines plus the bf16 GEMM and dot scores (attention_bf16.cc).
+constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,          SoftmaxStepAvx512, SoftmaxGradAvx512,
+                                    DotScoresAvx512,     SoftmaxRowsAvx512, Bf16GemmAvx512,
+                                    Bf16DotScoresAvx512, WidenBf16Avx512,   WidenF16Avx512,
+                                    CopyRowAvx512,       ScaleRowsAvx512,   RowDotAvx512,
+                                    false};
 
 }  // namespace
 

@@ -105,6 +105,13 @@ struct TileOps {
   // readable up to column RoundUpToTile(n), which C is written to.
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+  // dot_scores of bfloat16 rows on the same instruction (nullptr where it is
+  // missing): key row j is 2 kp bfloat16 (bits, k + j * ldk, read in place and
+  // nothing past them), query row r kp pairs as in bf16_gemm's B (q + r * ldq,
+  // readable and zero up to RoundUpToTile(kp) pairs, RoundUpToTile(rows) rows).
+  void (*bf16_dot_scores)(int64_t keys, int64_t rows, int64_t kp, const uint16_t* k,
+                          int64_t ldk, const uint32_t* q, int64_t ldq, float* s,
+                          int64_t key_step, int64_t row_step, const RowsAhead& ahead);
 
   // rows x cols of bfloat16 (widen_bf16) or IEEE float16 (widen_f16) bits,
   // row stride `stride`, to float32 rows of dst (row stride ld), exactly (as

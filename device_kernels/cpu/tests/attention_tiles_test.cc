@@ -1,6 +1,6 @@
 // Each instruction set's tile routines (attention_tiles.h: the GEMM, the
-// dot-product scores, the softmax steps, the bfloat16 GEMM and the kernel test's
-// emulation of it, 16-bit widening) against naive double-precision
+// dot-product scores, the softmax steps, the bfloat16 GEMM and dot scores and
+// the kernel test's emulation of the GEMM, 16-bit widening) against naive double-precision
 // evaluations, on edge shapes of every register block, masked
 // (-inf) entries, fully masked columns and prior softmax state. An instruction
 // set this CPU lacks is reported and left out. Built and run by ctest (CMake
@@ -241,6 +241,58 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
   std::printf("bf16_gemm %s: checked\n", name.c_str());
 }
 
+// A TileOps::bf16_dot_scores against a double-precision evaluation, scores
+// stored both ways (by query rows and by keys), key rows read in place with NaN
+// between them (a read past a row's 2 kp values shows) and query rows padded
+// with zeros as the contract asks.
+void CheckBf16DotScores(decltype(TileOps::bf16_dot_scores) dot, const std::string& name,
+                        std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const BFloat16 nan = FromFloat<BFloat16>(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t rows : {1, 2, 3, 4, 7, 8, 13, 16}) {
+    for (int64_t keys : {1, 5, 16, 33}) {
+      for (int64_t kp : {1, 7, 16, 20, 64}) {
+        const int64_t ldk = 2 * kp + 6, ldq = RoundUpToTile(kp) + 3;
+        std::vector<BFloat16> k(keys * ldk, nan), qv(rows * 2 * kp);
+        for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t p = 0; p < 2 * kp; ++p) k[j * ldk + p] = FromFloat<BFloat16>(u(rng));
+        }
+        for (BFloat16& x : qv) x = FromFloat<BFloat16>(u(rng));
+        std::vector<uint32_t> q(RoundUpToTile(rows) * ldq, 0u);
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t p = 0; p < kp; ++p) {
+            q[r * ldq + p] = uint32_t{qv[r * 2 * kp + 2 * p].bits} |
+                             uint32_t{qv[r * 2 * kp + 2 * p + 1].bits} << 16;
+          }
+        }
+        for (bool by_rows : {true, false}) {
+          const int64_t key_step = by_rows ? 1 : rows + 2, row_step = by_rows ? keys + 3 : 1;
+          std::vector<float> s(std::max(rows * row_step, keys * key_step) + 8, 7.0f);
+          dot(keys, rows, kp, reinterpret_cast<const uint16_t*>(k.data()), ldk, q.data(), ldq,
+              s.data(), key_step, row_step, RowsAhead{});
+          double worst = 0.0;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t j = 0; j < keys; ++j) {
+              double want = 0.0;
+              for (int64_t p = 0; p < 2 * kp; ++p) {
+                want += double(ToFloat(qv[r * 2 * kp + p])) * ToFloat(k[j * ldk + p]);
+              }
+              const double got = s[j * key_step + r * row_step];
+              worst = std::isnan(got) ? 1e9 : std::max(worst, std::abs(want - got));
+            }
+          }
+          ++g_checks;
+          if (worst > 1e-4) {
+            Fail("bf16_dot_scores " + name + " rows " + std::to_string(rows) + " keys " +
+                 std::to_string(keys) + " kp " + std::to_string(kp));
+          }
+        }
+      }
+    }
+  }
+  std::printf("bf16_dot_scores %s: checked\n", name.c_str());
+}
+
 // Each instruction set's tile routines against a naive evaluation.
 void CheckTileOps() {
   std::mt19937 rng(7);
@@ -331,6 +383,9 @@ void CheckTileOps() {
       }
     }
     if (ops->bf16_gemm != nullptr) CheckBf16Gemm(ops->bf16_gemm, names[which], rng);
+    if (ops->bf16_dot_scores != nullptr) {
+      CheckBf16DotScores(ops->bf16_dot_scores, names[which], rng);
+    }
     CheckSoftmaxOps(*ops, names[which], rng);
     CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + names[which], rng);
     CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + names[which], rng);
