@@ -102,10 +102,9 @@ class SplitItems {
 // Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
 // float32 row-major, row stride dp (dot scores), or transposed, row stride
 // kBlock (GEMM scores); with `pairs` (bfloat16 scores on the CPU's bf16 dot
-// products) as pairs of bfloat16 bits, bits(x[2p]) | bits(x[2p + 1]) << 16:
-// row-major, row stride dp, for TileOps::bf16_dot_scores, or transposed, d / 2
-// rows of kBlock (LoadPairsTransposed), for TileOps::bf16_gemm. q holds dp x
-// kBlock floats.
+// products) as bfloat16 pairs: row-major, row stride dp (LoadPairs), for
+// TileOps::bf16_dot_scores, or transposed, d / 2 rows of kBlock
+// (LoadPairsTransposed), for TileOps::bf16_gemm. q holds dp x kBlock floats.
 template <typename T>
 void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query, int64_t b,
                     int64_t kvh, int64_t group, bool dot, bool pairs, int64_t dp, float* q) {
@@ -114,15 +113,7 @@ void PackGroupQuery(const AttentionGeometry& g, const Band& band, const T* query
   for (int64_t h = 0; h < group; ++h) {
     const T* rows = query + Offset(g.q, b, band.q_start, kvh * group + h);
     if (pairs && dot) {
-      if constexpr (std::is_same_v<T, BFloat16>) {
-        for (int64_t r = 0; r < nr; ++r) {
-          const T* x = rows + r * g.q.seq;
-          uint32_t* out = qp + (h * nr + r) * dp;
-          for (int64_t p = 0; p < d / 2; ++p) {
-            out[p] = uint32_t{x[2 * p].bits} | uint32_t{x[2 * p + 1].bits} << 16;
-          }
-        }
-      }
+      LoadPairs(rows, g.q.seq, nr, d, qp + h * nr * dp, dp);
     } else if (pairs) {
       LoadPairsTransposed(rows, g.q.seq, nr, d, qp + h * nr, kBlock, false);
     } else if (dot) {

@@ -135,17 +135,35 @@ void LoadTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, fl
   TransposeToFloat(src, stride, rows, cols, dst, ld, true);
 }
 
+// Two neighbouring bfloat16 values as one pair of the bf16 dot products:
+// bits(x[0]) | bits(x[1]) << 16.
+inline uint32_t Bf16Pair(const BFloat16* x) {
+  return uint32_t{x[0].bits} | uint32_t{x[1].bits} << 16;
+}
+
 // The transpose of a block of rows x cols (cols even) as column pairs for
-// TileOps::bf16_gemm: dst[p * ld + r] = bits(src[r][2p]) | bits(src[r][2p + 1]) << 16,
-// zero columns up to RoundUpToTile(rows) when `pad`. Only for bfloat16 blocks.
+// TileOps::bf16_gemm: dst[p * ld + r] = Bf16Pair(src[r] + 2p), zero columns up
+// to RoundUpToTile(rows) when `pad`. Only for bfloat16 blocks.
 template <typename T>
 void LoadPairsTransposed(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
                          int64_t ld, bool pad = true) {
   if constexpr (std::is_same_v<T, BFloat16>) {
     TransposeBlock(rows, cols / 2, dst, ld, pad, [&](int64_t r, int64_t p) {
-      const T* in = src + r * stride + 2 * p;
-      return uint32_t{in[0].bits} | uint32_t{in[1].bits} << 16;
+      return Bf16Pair(src + r * stride + 2 * p);
     });
+  }
+}
+
+// A block of rows x cols (cols even) as rows of pairs for
+// TileOps::bf16_dot_scores: dst[r * ld + p] = Bf16Pair(src[r] + 2p). Only for
+// bfloat16 blocks.
+template <typename T>
+void LoadPairs(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
+               int64_t ld) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t p = 0; p < cols / 2; ++p) dst[r * ld + p] = Bf16Pair(src + r * stride + 2 * p);
+    }
   }
 }
 
