@@ -319,12 +319,28 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
         ApplyKeep(band, 0, nr, c0, nc, s + h * head_step, keep, kBlock, !dot);
       }
     }
-    if (!values_in_place) {
+    // For the dot scores' short groups, bfloat16 values of a block every row
+    // sees all of go into P V in place, widened as the product loads them
+    // (TileOps::gemm_bf16_b: the same float32 values, sums and bits), rather
+    // than widened for the whole run first; a block with masked positions
+    // needs B's copy (MaskedGemm), and longer groups would widen each value
+    // once per kMr rows.
+    const bool values_widened_in_product =
+        std::is_same_v<T, BFloat16> && dot && full && dv % kTileAlign == 0;
+    if (!values_in_place && !values_widened_in_product) {
       LoadRunBlocks(a.value, g.v, b, band.kv_start + c0, nc, run.head, t1 - t0, dv, loaded,
                     ws.dvp, loaded_size);
     }
     InMemoryOrder(g.v, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
       const int64_t kvh = items[t].head;
+      if (values_widened_in_product) {
+        ops.gemm_bf16_b(m, dv, nj, tiles + (t - t0) * tile_size + j0 * key_step,
+                        dot ? kBlock : 1, dot ? 1 : kBlock,
+                        reinterpret_cast<const uint16_t*>(
+                            a.value + Offset(g.v, b, band.kv_start + c0 + j0, kvh)),
+                        g.v.seq, scratch + t * items.slot() + 2 * rp, ws.dvp, true);
+        return;
+      }
       const Operand v =
           values_in_place
               ? View(a.value + Offset(g.v, b, band.kv_start + c0 + j0, kvh), g.v.seq, nj, dv,

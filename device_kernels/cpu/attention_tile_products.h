@@ -1,5 +1,6 @@
-// The tile products: the register-blocked GEMM (TileOps::gemm) and the
-// dot-product scores of short query blocks (TileOps::dot_scores).
+// The tile products: the register-blocked GEMM (TileOps::gemm, and
+// TileOps::gemm_bf16_b over bfloat16 B rows) and the dot-product scores of
+// short query blocks (TileOps::dot_scores).
 // Private to attention_tiles.cc, which includes it after its fp-contract
 // pragma and instantiates these templates once per instruction set, and to
 // attention_bf16.cc, whose bf16 dot scores fold their lanes with LaneSums.
@@ -14,11 +15,25 @@
 
 namespace jax_rope::cpu::tile_simd {
 
+// A vector of B: float32 as stored, or bfloat16 bits widened exactly (a
+// bfloat16 is the upper half of a float32) as it is loaded.
+template <class Isa>
+JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const float* p) {
+  Load(v, p);
+}
+template <class Isa>
+JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const uint16_t* p) {
+  using VI = typename Isa::VI;
+  typedef uint16_t Halves __attribute__((vector_size(sizeof(VI) / 2), aligned(2), may_alias));
+  v = (typename Isa::V)(__builtin_convertvector(*reinterpret_cast<const Halves*>(p), VI) << 16);
+}
+
 // C[MR x NV vectors] (+)= A[MR x k] * B[k x NV vectors], C held in registers.
-// A is read by scalar broadcasts, so any layout of it costs the same.
-template <class Isa, int MR, int NV>
+// A is read by scalar broadcasts, so any layout of it costs the same; B is
+// float32 or bfloat16 bits (BT = uint16_t, LoadB).
+template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_col,
-                           const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                           const BT* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   V acc[MR][NV];
@@ -33,7 +48,7 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
   }
   for (int64_t p = 0; p < k; ++p) {
     V bv[NV];
-    for (int j = 0; j < NV; ++j) Load(bv[j], b + p * ldb + j * w);
+    for (int j = 0; j < NV; ++j) LoadB<Isa>(bv[j], b + p * ldb + j * w);
     const float* ap = a + p * a_col;
     for (int i = 0; i < MR; ++i) {
       const float av = ap[i * a_row];
@@ -46,28 +61,28 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
 }
 
 // Edge blocks: picks the instantiation for mr <= MR rows and nv <= NV vectors.
-template <class Isa, int MR, int NV>
+template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void MicroEdge(int mr, int nv, int64_t k, const float* a, int64_t a_row,
-                               int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
+                               int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
                                bool accumulate) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      MicroEdge<Isa, MR - 1, NV>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+      MicroEdge<Isa, MR - 1, NV, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
       return;
     }
   }
   if constexpr (NV > 1) {
     if (nv < NV) {
-      MicroEdge<Isa, MR, NV - 1>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+      MicroEdge<Isa, MR, NV - 1, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
       return;
     }
   }
-  Micro<Isa, MR, NV>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+  Micro<Isa, MR, NV, BT>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
-template <class Isa>
+template <class Isa, class BT>
 JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
-                          int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
+                          int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
                           bool accumulate) {
   constexpr int w = kWidth<Isa>;
   constexpr int mr_max = Isa::kMr;
@@ -79,13 +94,13 @@ JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64
     for (int64_t i0 = 0; i0 < m; i0 += mr_max) {
       const int mr = static_cast<int>(m - i0 < mr_max ? m - i0 : mr_max);
       const float* ai = a + i0 * a_row;
-      const float* bj = b + j0 * w;
+      const BT* bj = b + j0 * w;
       float* cij = c + i0 * ldc + j0 * w;
       if (mr == mr_max && nv == nv_max) {
-        Micro<Isa, mr_max, nv_max>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate);
+        Micro<Isa, mr_max, nv_max, BT>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate);
       } else {
-        MicroEdge<Isa, mr_max, nv_max>(mr, nv, k, ai, a_row, a_col, bj, ldb, cij, ldc,
-                                       accumulate);
+        MicroEdge<Isa, mr_max, nv_max, BT>(mr, nv, k, ai, a_row, a_col, bj, ldb, cij, ldc,
+                                           accumulate);
       }
     }
   }

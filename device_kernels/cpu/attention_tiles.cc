@@ -39,6 +39,11 @@ using namespace tile_simd;
       const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {                   \
     Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);                           \
   }                                                                                            \
+  attr void GemmBf16B##Isa(                                                                    \
+      int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,           \
+      const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {                \
+    Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);                           \
+  }                                                                                            \
   attr void SoftmaxStep##Isa(                                   \
       float* s, int64_t lds, int64_t keys, int64_t queries, float scale, float* q_max,         \
       float* q_sum, float* out, int64_t ldo, int64_t out_rows, int64_t out_cols) {             \
@@ -77,11 +82,11 @@ using namespace tile_simd;
   attr float RowDot##Isa(const float* a, const float* b, int64_t n) {                          \
     return RowDot8(a, b, n);                                                                   \
   }                                                                                            \
-  constexpr TileOps k##Isa##Ops = {Gemm##Isa,      SoftmaxStep##Isa, SoftmaxGrad##Isa,         \
-                                   DotScores##Isa, SoftmaxRows##Isa, nullptr,                  \
-                                   nullptr,        WidenBf16##Isa,   WidenF16##Isa,            \
-                                   CopyRow##Isa,   ScaleRows##Isa,   RowDot##Isa,              \
-                                   copy_b};
+  constexpr TileOps k##Isa##Ops = {Gemm##Isa,      GemmBf16B##Isa,   SoftmaxStep##Isa,         \
+                                   SoftmaxGrad##Isa, DotScores##Isa, SoftmaxRows##Isa,         \
+                                   nullptr,        nullptr,          WidenBf16##Isa,           \
+                                   WidenF16##Isa,  CopyRow##Isa,     ScaleRows##Isa,           \
+                                   RowDot##Isa,    copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
 JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))), true)
@@ -89,11 +94,11 @@ JAX_ROPE_TILE_OPS(Sse2, , true)
 #undef JAX_ROPE_TILE_OPS
 
 // AVX-512 routines plus the bf16 GEMM and dot scores (attention_bf16.cc).
-constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,          SoftmaxStepAvx512, SoftmaxGradAvx512,
-                                    DotScoresAvx512,     SoftmaxRowsAvx512, Bf16GemmAvx512,
-                                    Bf16DotScoresAvx512, WidenBf16Avx512,   WidenF16Avx512,
-                                    CopyRowAvx512,       ScaleRowsAvx512,   RowDotAvx512,
-                                    false};
+constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     SoftmaxStepAvx512,
+                                    SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
+                                    Bf16GemmAvx512,    Bf16DotScoresAvx512, WidenBf16Avx512,
+                                    WidenF16Avx512,    CopyRowAvx512,       ScaleRowsAvx512,
+                                    RowDotAvx512,      false};
 
 }  // namespace
 

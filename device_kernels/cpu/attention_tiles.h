@@ -61,6 +61,11 @@ struct TileOps {
   // C's are written.
   void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,
                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate);
+  // gemm with B as bfloat16 bits (b[p * ldb + j], widened exactly as they are
+  // loaded; the same read bounds): P V over bfloat16 values in place.
+  void (*gemm_bf16_b)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
+                      int64_t a_col, const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
+                      bool accumulate);
 
   // One online-softmax step of the forward over a transposed tile s of raw
   // dot products (keys x queries, queries a multiple of kTileAlign, -inf where

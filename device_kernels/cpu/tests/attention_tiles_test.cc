@@ -388,6 +388,26 @@ void CheckTileOps() {
               }
               ++g_checks;
               if (worst > 1e-4) Fail(std::string("gemm ") + names[which]);
+              // The same product over B as bfloat16 bits (B's values rounded to
+              // bfloat16 first): the widened values are exact, so the result
+              // has gemm's bits on those values.
+              std::vector<uint16_t> b16(b.size());
+              std::vector<float> b_rounded(b.size());
+              for (size_t e = 0; e < b.size(); ++e) {
+                b16[e] = FromFloat<BFloat16>(b[e]).bits;
+                b_rounded[e] = ToFloat(BFloat16{b16[e]});
+              }
+              std::vector<float> want_bits = c0;
+              ops->gemm(m, n, k, a.data(), a_row, a_col, b_rounded.data(), ldb,
+                        want_bits.data(), ldc, accumulate);
+              c = c0;
+              ops->gemm_bf16_b(m, n, k, a.data(), a_row, a_col, b16.data(), ldb, c.data(), ldc,
+                               accumulate);
+              ++g_checks;
+              if (std::memcmp(c.data(), want_bits.data(), c.size() * sizeof(float)) != 0) {
+                Fail(std::string("gemm_bf16_b ") + names[which] + " m " + std::to_string(m) +
+                     " n " + std::to_string(n) + " k " + std::to_string(k));
+              }
             }
           }
         }
