@@ -334,8 +334,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
     InMemoryOrder(g.v, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
       const int64_t kvh = items[t].head;
       if (values_widened_in_product) {
-        ops.gemm_bf16_b(m, dv, nj, tiles + (t - t0) * tile_size + j0 * key_step,
-                        dot ? kBlock : 1, dot ? 1 : kBlock,
+        ops.gemm_bf16_b(m, dv, nj, tiles + (t - t0) * tile_size + j0, kBlock, 1,
                         reinterpret_cast<const uint16_t*>(
                             a.value + Offset(g.v, b, band.kv_start + c0 + j0, kvh)),
                         g.v.seq, scratch + t * items.slot() + 2 * rp, ws.dvp, true);
