@@ -11,48 +11,6 @@
 
 namespace jax_rope::cpu::tile_simd {
 
-// max = the scaled max of a run of raw scores x[0], x[step], ... (-inf where
-// masked): for a positive scale, the raw max scaled (scaling keeps the order
-// and -inf, and rounds monotonically: the same bits as the max of the scaled
-// scores), over two chains; for any other scale, each score scaled in place
-// (masked ones stay -inf whatever the scale's sign), and their max.
-template <class Isa>
-JAX_ROPE_INLINE void ScaledMax(float* x, int64_t step, int64_t n, float scale,
-                               typename Isa::V& max) {
-  using V = typename Isa::V;
-  const V neg_inf = V{} + kNegInf;
-  V m0 = neg_inf, m1 = neg_inf;
-  if (scale > 0.0f) {
-    int64_t j = 0;
-    for (; j + 1 < n; j += 2) {
-      V a, b;
-      Load(a, x + j * step);
-      Load(b, x + (j + 1) * step);
-      m0 = a > m0 ? a : m0;
-      m1 = b > m1 ? b : m1;
-    }
-    if (j < n) {
-      V a;
-      Load(a, x + j * step);
-      m0 = a > m0 ? a : m0;
-    }
-    max = (m1 > m0 ? m1 : m0) * scale;
-    return;
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    V a;
-    Load(a, x + j * step);
-    a = a == neg_inf ? a : a * scale;
-    Store(x + j * step, a);
-    m0 = a > m0 ? a : m0;
-  }
-  max = m0;
-}
-
-// The factor the exp step applies to what ScaledMax left: the scale where the
-// scores are still raw (x * scale - shift, one rounding), else 1 (exact).
-inline float ExpFactor(float scale) { return scale > 0.0f ? scale : 1.0f; }
-
 template <class Isa>
 JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
                                  float* q_max, float* q_sum, float* out, int64_t ldo,
@@ -60,10 +18,15 @@ JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t qu
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   const V neg_inf = V{} + kNegInf;
-  const float factor = ExpFactor(scale);
   for (int64_t c = 0; c < queries; c += w) {
-    V tile_max;
-    ScaledMax<Isa>(s + c, lds, keys, scale, tile_max);
+    V tile_max = neg_inf;
+    for (int64_t j = 0; j < keys; ++j) {
+      V x;
+      Load(x, s + j * lds + c);
+      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+      Store(s + j * lds + c, x);
+      tile_max = x > tile_max ? x : tile_max;
+    }
     V old_max;
     Load(old_max, q_max + c);
     const V new_max = tile_max > old_max ? tile_max : old_max;
@@ -73,7 +36,7 @@ JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t qu
     for (int64_t j = 0; j < keys; ++j) {
       V x;
       Load(x, s + j * lds + c);
-      x = x * factor - shift;
+      x -= shift;
       Exp<Isa>(x);
       Store(s + j * lds + c, x);
       sum += x;
@@ -137,11 +100,17 @@ JAX_ROPE_INLINE void SoftmaxRows(float* s, int64_t lds, int64_t rows, int64_t ke
                                  int64_t out_cols) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
-  const float factor = ExpFactor(scale);
+  const V neg_inf = V{} + kNegInf;
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * lds;
-    V tile_max;
-    ScaledMax<Isa>(row, w, keys / w, scale, tile_max);  // keys: a multiple of w
+    V tile_max = neg_inf;
+    for (int64_t j = 0; j < keys; j += w) {
+      V x;
+      Load(x, row + j);
+      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+      Store(row + j, x);
+      tile_max = x > tile_max ? x : tile_max;
+    }
     const float old_max = q_max[r];
     float new_max = HorizontalMax<Isa>(tile_max);
     new_max = new_max > old_max ? new_max : old_max;
@@ -151,7 +120,7 @@ JAX_ROPE_INLINE void SoftmaxRows(float* s, int64_t lds, int64_t rows, int64_t ke
     for (int64_t j = 0; j < keys; j += w) {
       V x;
       Load(x, row + j);
-      x = x * factor - shift;
+      x -= shift;
       Exp<Isa>(x);
       Store(row + j, x);
       sum += x;

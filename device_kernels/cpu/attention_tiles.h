@@ -72,8 +72,7 @@ struct TileOps {
   // masked). Per query column: folds max(scale * s) into q_max (-inf: nothing
   // seen yet), rescales q_sum and row q of `out` (the first out_rows rows,
   // out_cols columns, a multiple of kTileAlign) by exp(old max - new max), adds
-  // sum exp(scale * s - new max) to q_sum and leaves those terms in s (for a
-  // positive scale the exp's argument is rounded once, from the raw s).
+  // sum exp(scale * s - new max) to q_sum and leaves those terms in s.
   void (*softmax_step)(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
                        float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_rows,
                        int64_t out_cols);
