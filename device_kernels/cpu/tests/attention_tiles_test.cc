@@ -60,8 +60,7 @@ void CheckExp(const TileOps& ops, const char* isa) {
 // softmax_step (transposed tiles) and softmax_rows (the same tile by rows) of
 // one instruction set, and softmax_grad, against double precision on a tile
 // with masked (-inf) entries, fully masked columns and prior state, with a
-// positive scale (scores scaled in the exp's argument) and a negative one
-// (scaled first).
+// positive and a negative scale (masked entries stay -inf either way).
 void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t keys = 37, cols = 48, ld = 64, out_cols = 32, kp = RoundUpToTile(keys);
