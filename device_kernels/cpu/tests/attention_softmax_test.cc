@@ -1,0 +1,178 @@
+// Each instruction set's softmax tile routines (attention_tiles.h:
+// softmax_step, softmax_rows, softmax_grad, and their exp) against naive
+// double-precision evaluations, on tiles with masked (-inf) entries, fully
+// masked columns and prior softmax state, with either sign of scale. An
+// instruction set this CPU lacks is reported and left out. Built and run by
+// ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_kernels/cpu/attention_tiles.h"
+
+namespace {
+
+using namespace jax_rope::cpu;
+
+int g_failures = 0;
+int g_checks = 0;
+
+void Fail(const std::string& what) {
+  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
+}
+
+// The tile routines' exp, through softmax_grad (scale 1, max 0, 1 / sum 1):
+// within 1.5 ulp of exp(x) on [-87, 0.5] (relative 1.5 * 2^-23), exp(88) from
+// 88 up (the clamp), 0 below -87 (and for -inf), NaN for NaN.
+void CheckExp(const TileOps& ops, const char* isa) {
+  const int64_t cols = 4096 + 16;
+  std::vector<float> x(cols), dp(cols, 1.0f);
+  for (int64_t i = 0; i < 4096; ++i) x[i] = -87.0f + 87.5f * float(i) / 4095.0f;
+  const float specials[16] = {-87.01f, -100.0f, -3.0e38f, -INFINITY, NAN,  88.0f,
+                              88.5f,   88.7f,   89.0f,    INFINITY,  0.0f, -0.0f,
+                              1e-30f,  -1e-30f, 0.25f,    -0.125f};
+  std::copy(specials, specials + 16, x.begin() + 4096);
+  std::vector<float> p = x;
+  const float zero = 0.0f, one = 1.0f;
+  ops.softmax_grad(p.data(), dp.data(), cols, 1, cols, 1.0f, &zero, &one, &zero, false);
+  double worst = 0.0;
+  for (int64_t i = 0; i < cols; ++i) {
+    const double want = x[i] < -87.0f ? 0.0 : std::exp(std::min(double(x[i]), 88.0));
+    const bool ok = std::isnan(x[i]) ? std::isnan(p[i])
+                    : want == 0.0    ? p[i] == 0.0f
+                                     : std::abs(p[i] - want) <= 1.5 * 0x1p-23 * want;
+    if (!ok) Fail(std::string("exp ") + isa + " at " + std::to_string(x[i]));
+    if (want > 0.0 && x[i] <= 0.5f) worst = std::max(worst, std::abs(p[i] - want) / want);
+  }
+  ++g_checks;
+  std::printf("tile ops %s: exp checked (max rel err %.2e on [-87, 0.5])\n", isa, worst);
+}
+
+// softmax_step (transposed tiles) and softmax_rows (the same tile by rows) of
+// one instruction set, and softmax_grad, against double precision on a tile
+// with masked (-inf) entries, fully masked columns and prior state, with a
+// positive and a negative scale (masked entries stay -inf either way).
+void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t keys = 37, cols = 48, ld = 64, out_cols = 32, kp = RoundUpToTile(keys);
+  const float inf = INFINITY;
+  std::vector<float> s0(keys * ld), max0(cols), sum0(cols), out0(cols * out_cols);
+  for (int64_t j = 0; j < keys; ++j) {
+    for (int64_t c = 0; c < cols; ++c) {
+      s0[j * ld + c] = (c % 7 == 3 || u(rng) < -0.6f) ? -inf : 3.0f * u(rng);
+    }
+  }
+  s0[5 * ld + 6] = -3.0e38f;  // far below the max: exp underflows to exactly 0
+  for (int64_t c = 0; c < cols; ++c) {
+    max0[c] = c % 3 == 0 ? -inf : 10.0f * u(rng);
+    sum0[c] = c % 3 == 0 ? 0.0f : 2.0f + u(rng);
+  }
+  for (float& x : out0) x = u(rng);
+  double worst = 0.0;
+  for (const float scale : {7.0f, -0.75f}) {
+    for (const bool by_rows : {false, true}) {
+      const std::string what = std::string(by_rows ? "softmax_rows " : "softmax_step ") + isa +
+                               " scale " + std::to_string(scale);
+      std::vector<float> s = s0, q_max = max0, q_sum = sum0, out = out0;
+      const int64_t out_rows = by_rows ? cols : 40;
+      if (by_rows) {  // rows of kp keys, padded with -inf
+        std::vector<float> rows(cols * kp, -inf);
+        for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t c = 0; c < cols; ++c) rows[c * kp + j] = s0[j * ld + c];
+        }
+        ops.softmax_rows(rows.data(), kp, cols, kp, scale, q_max.data(), q_sum.data(),
+                         out.data(), out_cols, out_cols);
+        for (int64_t j = 0; j < keys; ++j) {
+          for (int64_t c = 0; c < cols; ++c) s[j * ld + c] = rows[c * kp + j];
+        }
+      } else {
+        ops.softmax_step(s.data(), ld, keys, cols, scale, q_max.data(), q_sum.data(),
+                         out.data(), out_cols, out_rows, out_cols);
+      }
+      double err = 0.0;
+      for (int64_t c = 0; c < cols; ++c) {
+        double m = max0[c];
+        for (int64_t j = 0; j < keys; ++j) {
+          if (s0[j * ld + c] != -inf) m = std::max(m, double(scale * s0[j * ld + c]));
+        }
+        const double alpha = m == -inf ? 1.0 : std::exp(max0[c] - m);
+        double sum = sum0[c] * alpha;
+        for (int64_t j = 0; j < keys; ++j) {
+          const double x = s0[j * ld + c];
+          const double p =
+              x == -inf || m == -inf ? 0.0 : std::exp(double(scale * float(x)) - m);
+          sum += p;
+          err = std::max(err, std::abs(s[j * ld + c] - p) / std::max(1e-30, p));
+          if (p == 0.0 && s[j * ld + c] != 0.0f) Fail(what + " zero");
+        }
+        if (m != double(q_max[c])) Fail(what + " max");
+        err = std::max(err, std::abs(q_sum[c] - sum) / std::max(1e-30, sum));
+        for (int64_t e = 0; e < out_cols; ++e) {
+          const double want = out0[c * out_cols + e] * (m == -inf || c >= out_rows ? 1.0 : alpha);
+          err = std::max(err, std::abs(out[c * out_cols + e] - want) / (1e-30 + std::abs(want)));
+        }
+      }
+      ++g_checks;
+      if (err > 5e-6) Fail(what + " " + std::to_string(err));
+      worst = std::max(worst, err);
+    }
+  }
+
+  for (bool by_column : {false, true}) {
+    const int64_t rows = 21;
+    const float scale = 7.0f;
+    std::vector<float> st(rows * ld), dp(rows * ld), mx(cols), inv(cols), delta(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        st[r * ld + c] = u(rng) < -0.5f ? -inf : u(rng);
+        dp[r * ld + c] = u(rng);
+      }
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      const bool dead = c % 5 == 0;  // dead rows come as max 0, 1/sum 0
+      mx[c] = dead ? 0.0f : 3.0f + u(rng);
+      inv[c] = dead ? 0.0f : 0.5f + 0.25f * u(rng);
+      delta[c] = u(rng);
+    }
+    const std::vector<float> st0 = st, dp0 = dp;
+    ops.softmax_grad(st.data(), dp.data(), ld, rows, cols, scale, mx.data(), inv.data(),
+                     delta.data(), by_column);
+    double err = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t k = by_column ? c : r;
+        const double x = st0[r * ld + c];
+        const double p = x == -inf ? 0.0 : std::exp(scale * x - mx[k]) * inv[k];
+        const double ds = p * (dp0[r * ld + c] - delta[k]);
+        err = std::max(err, std::abs(st[r * ld + c] - p) / (1e-6 + p));
+        err = std::max(err, std::abs(dp[r * ld + c] - ds) / (1e-6 + std::abs(ds)));
+      }
+    }
+    ++g_checks;
+    if (err > 2e-5) Fail(std::string("softmax_grad ") + isa + " " + std::to_string(err));
+  }
+  std::printf("tile ops %s: checked (softmax step and rows max rel err %.2e)\n", isa, worst);
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(7);
+  const char* names[] = {"avx512", "avx2", "baseline"};
+  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
+  for (int which = 0; which < 3; ++which) {
+    const TileOps* ops = TileOpsFor(isas[which]);
+    if (ops == nullptr) {
+      std::printf("tile ops %s: not supported here, skipped\n", names[which]);
+      continue;
+    }
+    CheckSoftmaxOps(*ops, names[which], rng);
+    CheckExp(*ops, names[which]);
+  }
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
