@@ -25,6 +25,7 @@
 #include "device_kernels/cpu/tests/attention_cases.h"
 #include "device_kernels/cpu/tests/attention_reference.h"
 #include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
+#include "device_kernels/cpu/tests/check_count.h"
 #include "device_kernels/cpu/thread_scratch.h"
 
 namespace {
@@ -35,14 +36,10 @@ using jax_rope::Strides;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-int g_failures = 0;
-int g_checks = 0;
+using namespace jax_rope::cpu::check_count;
+
 int g_copied_cases = 0;  // cases run through the head-major K/V copy
 int g_reshaped_cases = 0;  // cases whose forward items change with the workers
-
-void Fail(const std::string& what) {
-  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-}
 
 // ---------------------------------------------------------------------------
 // Running the kernels the way the FFI handlers do.

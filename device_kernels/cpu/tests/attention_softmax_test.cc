@@ -13,17 +13,12 @@
 #include <vector>
 
 #include "device_kernels/cpu/attention_tiles.h"
+#include "device_kernels/cpu/tests/check_count.h"
 
 namespace {
 
 using namespace jax_rope::cpu;
-
-int g_failures = 0;
-int g_checks = 0;
-
-void Fail(const std::string& what) {
-  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-}
+using namespace jax_rope::cpu::check_count;
 
 // The tile routines' exp, through softmax_grad (scale 1, max 0, 1 / sum 1):
 // within 1.5 ulp of exp(x) on [-87, 0.5] (relative 1.5 * 2^-23), exp(88) from
@@ -173,6 +168,5 @@ int main() {
     CheckSoftmaxOps(*ops, names[which], rng);
     CheckExp(*ops, names[which]);
   }
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return Finish();
 }

@@ -18,17 +18,12 @@
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/float_convert.h"
 #include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
+#include "device_kernels/cpu/tests/check_count.h"
 
 namespace {
 
 using namespace jax_rope::cpu;
-
-int g_failures = 0;
-int g_checks = 0;
-
-void Fail(const std::string& what) {
-  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-}
+using namespace jax_rope::cpu::check_count;
 
 // widen_bf16 and widen_f16 against float_convert.h's scalar ToFloat, bit for
 // bit: every 16-bit pattern (NaN, Inf, subnormal and negative zero included)
@@ -338,6 +333,5 @@ int main() {
   std::mt19937 rng(11);
   CheckBf16Gemm(test::EmulatedBf16Gemm, "emulated (attention_kernel_test's, for CPUs without it)",
                 rng);
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return Finish();
 }

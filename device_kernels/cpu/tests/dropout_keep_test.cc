@@ -11,18 +11,13 @@
 #include <vector>
 
 #include "device_kernels/cpu/dropout_keep.h"
+#include "device_kernels/cpu/tests/check_count.h"
 #include "device_kernels/cpu/threefry.h"
 
 namespace {
 
 using namespace jax_rope::cpu;
-
-int g_failures = 0;
-int g_checks = 0;
-
-void Fail(const std::string& what) {
-  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-}
+using namespace jax_rope::cpu::check_count;
 
 // Threefry-2x32-20 known answers: Random123's KAT and values of
 // jax.extend.random.threefry_2x32 (y0, y1), and the dropout keep masks of
@@ -101,6 +96,5 @@ void CheckThreefry() {
 
 int main() {
   CheckThreefry();
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return Finish();
 }

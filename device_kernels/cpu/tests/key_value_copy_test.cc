@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device_kernels/cpu/attention_kernels.h"
+#include "device_kernels/cpu/tests/check_count.h"
 
 namespace {
 
@@ -17,12 +18,7 @@ using jax_rope::Strides;
 using namespace jax_rope::cpu;
 
 constexpr int32_t kInf = 1 << 30;
-int g_failures = 0;
-int g_checks = 0;
-
-void Fail(const std::string& what) {
-  if (++g_failures <= 30) std::printf("FAIL: %s\n", what.c_str());
-}
+using namespace jax_rope::cpu::check_count;
 
 // Which calls the forward runs on a head-major copy of K and V (CopyKeyValueFirst).
 void CheckCopyDecision() {
@@ -132,6 +128,5 @@ void CheckForwardItems() {
 int main() {
   CheckCopyDecision();
   CheckForwardItems();
-  std::printf("%d checks, %d failures\n", g_checks, g_failures);
-  return g_failures == 0 ? 0 : 1;
+  return Finish();
 }
