@@ -14,6 +14,7 @@
 
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/tests/check_count.h"
+#include "device_kernels/cpu/tests/each_tile_isa.h"
 
 namespace {
 
@@ -157,16 +158,9 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
 
 int main() {
   std::mt19937 rng(7);
-  const char* names[] = {"avx512", "avx2", "baseline"};
-  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
-  for (int which = 0; which < 3; ++which) {
-    const TileOps* ops = TileOpsFor(isas[which]);
-    if (ops == nullptr) {
-      std::printf("tile ops %s: not supported here, skipped\n", names[which]);
-      continue;
-    }
-    CheckSoftmaxOps(*ops, names[which], rng);
-    CheckExp(*ops, names[which]);
-  }
+  ForEachTileIsa([&](const TileOps& ops, const char* name) {
+    CheckSoftmaxOps(ops, name, rng);
+    CheckExp(ops, name);
+  });
   return Finish();
 }

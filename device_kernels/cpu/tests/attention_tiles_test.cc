@@ -19,6 +19,7 @@
 #include "device_kernels/cpu/float_convert.h"
 #include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
 #include "device_kernels/cpu/tests/check_count.h"
+#include "device_kernels/cpu/tests/each_tile_isa.h"
 
 namespace {
 
@@ -211,14 +212,8 @@ void CheckBf16DotScores(decltype(TileOps::bf16_dot_scores) dot, const std::strin
 void CheckTileOps() {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const char* names[] = {"avx512", "avx2", "baseline"};
-  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
-  for (int which = 0; which < 3; ++which) {
-    const TileOps* ops = TileOpsFor(isas[which]);
-    if (ops == nullptr) {
-      std::printf("tile ops %s: not supported here, skipped\n", names[which]);
-      continue;
-    }
+  ForEachTileIsa([&](const TileOps& isa_ops, const char* name) {
+    const TileOps* ops = &isa_ops;
     for (int64_t m : {1, 3, 4, 7, 13, 64}) {
       for (int64_t n : {1, 5, 16, 24, 33, 64, 130}) {
         for (int64_t k : {1, 9, 64}) {
@@ -246,7 +241,7 @@ void CheckTileOps() {
                 }
               }
               ++g_checks;
-              if (worst > 1e-4) Fail(std::string("gemm ") + names[which]);
+              if (worst > 1e-4) Fail(std::string("gemm ") + name);
               // The same product over B as bfloat16 bits (B's values rounded to
               // bfloat16 first): the widened values are exact, so the result
               // has gemm's bits on those values.
@@ -264,7 +259,7 @@ void CheckTileOps() {
                                accumulate);
               ++g_checks;
               if (std::memcmp(c.data(), want_bits.data(), c.size() * sizeof(float)) != 0) {
-                Fail(std::string("gemm_bf16_b ") + names[which] + " m " + std::to_string(m) +
+                Fail(std::string("gemm_bf16_b ") + name + " m " + std::to_string(m) +
                      " n " + std::to_string(n) + " k " + std::to_string(k));
               }
             }
@@ -310,20 +305,20 @@ void CheckTileOps() {
           }
           ++g_checks;
           if (worst > 1e-4 || !untouched) {
-            Fail(std::string("dot_scores ") + names[which] + " rows " + std::to_string(rows) +
+            Fail(std::string("dot_scores ") + name + " rows " + std::to_string(rows) +
                  " keys " + std::to_string(keys) + " d " + std::to_string(d));
           }
         }
       }
     }
-    if (ops->bf16_gemm != nullptr) CheckBf16Gemm(ops->bf16_gemm, names[which], rng);
+    if (ops->bf16_gemm != nullptr) CheckBf16Gemm(ops->bf16_gemm, name, rng);
     if (ops->bf16_dot_scores != nullptr) {
-      CheckBf16DotScores(ops->bf16_dot_scores, names[which], rng);
+      CheckBf16DotScores(ops->bf16_dot_scores, name, rng);
     }
-    CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + names[which], rng);
-    CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + names[which], rng);
-    CheckRowOps(*ops, names[which], rng);
-  }
+    CheckWiden<BFloat16>(ops->widen_bf16, std::string("widen_bf16 ") + name, rng);
+    CheckWiden<Float16>(ops->widen_f16, std::string("widen_f16 ") + name, rng);
+    CheckRowOps(*ops, name, rng);
+  });
 }
 
 }  // namespace
