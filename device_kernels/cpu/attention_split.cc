@@ -1,6 +1,7 @@
-// Flash-decoding forward for short query blocks (attention_kernels.h:
-// PlanSplitForward). The G = N1 / N2 query heads of a kv head share one tile
-// whose columns are (head, row) pairs, head-major, so each K/V block is read
+// Flash-decoding forward for short query blocks, pass 1 (attention_kernels.h:
+// PlanSplitForward; the plan and the merge are in attention_split_merge.cc).
+// The G = N1 / N2 query heads of a kv head share one tile whose columns are
+// (head, row) pairs, head-major, so each K/V block is read
 // (and converted) once per group; bias, mask and dropout run per head on that
 // head's columns. Short groups (at most kTileAlign rows) take the dot-product
 // score routine, longer ones the GEMM over the transposed rows (for bfloat16
@@ -23,6 +24,7 @@
 #include "device_kernels/cpu/attention_blocks.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
+#include "device_kernels/cpu/attention_split_items.h"
 #include "device_kernels/cpu/attention_staging.h"
 #include "device_kernels/cpu/attention_tiles.h"
 
@@ -30,74 +32,13 @@ namespace jax_rope::cpu {
 namespace {
 
 using namespace attention;
+using namespace split_forward;
 
-// Packed rows per tile (the cap on q_len * G) and keys per key block.
-constexpr int64_t kBlock = 64;
-static_assert(kSplitKeys % kBlock == 0, "chunks hold whole key blocks");
-constexpr int64_t kRunHeads = 8;
 // Rows of one head per step in memory order (decode: 8 and 16 as fast; with 8
 // the GEMM scores of 32-row groups, Sq 8 x G 4, were 15% slower on one core).
 constexpr int64_t kSubRows = 16;
 // Largest V block of a run that the dot scores ask for ahead of its products.
 constexpr int64_t kAskValuesBytes = 64 << 10;
-
-// Whether a key row's kv heads lie next to each other in memory (BSND, TND),
-// rather than each head's rows (BNSD): the order the decode reads rows in.
-bool RowHeadsAdjacent(const Strides& st) { return st.head < st.seq; }
-
-// Pass 1 items (sequence, chunk, kv head) in that order; item t owns slot t of
-// the scratch: padded_rows() maxima, padded_rows() sums, then rows() x dvp
-// outputs.
-class SplitItems {
- public:
-  struct Item {
-    int64_t seq, head, chunk;
-  };
-
-  SplitItems(const AttentionGeometry& g, const SequenceBand* seqs)
-      : group_(ValidGeometry(g) ? g.q_heads / g.kv_heads : 0),
-        kv_heads_(g.kv_heads),
-        run_heads_(RowHeadsAdjacent(g.k) && RowHeadsAdjacent(g.v) ? kRunHeads : 1) {
-    if (group_ == 0 || g.batch <= 0) return;
-    int64_t max_q = 0;
-    for (int64_t b = 0; b < g.batch; ++b) max_q = std::max(max_q, Band(seqs[b]).q_len);
-    if (max_q == 0 || group_ * max_q > kBlock) return;
-    rows_ = group_ * max_q;
-    slot_ = 2 * RoundUpToTile(rows_) + rows_ * RoundUpToTile(g.value_dim);
-    int64_t total = 0;
-    for (int64_t b = 0; b < g.batch; ++b) {
-      chunks_.push_back(CeilDiv(Band(seqs[b]).kv_len, kSplitKeys));
-      total += kv_heads_ * chunks_.back();
-      ends_.push_back(total);
-    }
-  }
-  bool applicable() const { return rows_ > 0; }
-  int64_t size() const { return ends_.empty() ? 0 : ends_.back(); }
-  int64_t padded_rows() const { return RoundUpToTile(rows_); }
-  int64_t slot() const { return slot_; }
-  int64_t group() const { return group_; }
-  int64_t chunks(int64_t seq) const { return chunks_[seq]; }
-  // Chunk-major within a sequence: consecutive items (one thread's run) read
-  // the same key rows of neighbouring heads, which share pages.
-  int64_t Index(int64_t seq, int64_t head, int64_t chunk) const {
-    return (seq == 0 ? 0 : ends_[seq - 1]) + chunk * kv_heads_ + head;
-  }
-  Item operator[](int64_t t) const {
-    const int64_t seq = std::upper_bound(ends_.begin(), ends_.end(), t) - ends_.begin();
-    const int64_t rem = t - (seq == 0 ? 0 : ends_[seq - 1]);
-    return {seq, rem % kv_heads_, rem / kv_heads_};
-  }
-  // The end of the run from item t (< end): the next items of the same
-  // sequence and chunk, kRunHeads at most where a key row's heads are adjacent
-  // in memory (BSND, TND), one where each head's rows are (BNSD).
-  int64_t RunEnd(int64_t t, int64_t end) const {
-    return std::min({end, t + kv_heads_ - (*this)[t].head, t + run_heads_});
-  }
-
- private:
-  int64_t group_, kv_heads_, run_heads_, rows_ = 0, slot_ = 0;
-  std::vector<int64_t> chunks_, ends_;
-};
 
 // Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
 // float32 row-major, row stride dp (dot scores), or transposed, row stride
@@ -355,53 +296,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   }
 }
 
-template <typename T>
-void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
-                const AttentionForwardArgs<T>& a, const SplitItems& items, int64_t u,
-                const float* scratch, float* acc) {
-  const int64_t b = u / g.kv_heads, kvh = u % g.kv_heads;
-  const Band band(seqs[b]);
-  const int64_t group = items.group(), nr = band.q_len, dv = g.value_dim;
-  const int64_t dvp = RoundUpToTile(dv), rp = items.padded_rows();
-  const int64_t chunks = items.chunks(b);
-  auto slot_of = [&](int64_t c) { return scratch + items.Index(b, kvh, c) * items.slot(); };
-  for (int64_t r = 0; r < group * nr; ++r) {
-    const int64_t n = kvh * group + r / nr, row = band.q_start + r % nr;
-    float mx = kNegInf;
-    for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, slot_of(c)[r]);
-    float sum = 0.0f;
-    std::fill(acc, acc + dv, 0.0f);
-    // A chunk whose visible scores are all NaN has max -inf and a NaN sum: the
-    // row's output is NaN (the poison of a key row it sees), not zeros.
-    for (int64_t c = 0; c < chunks; ++c) {
-      if (std::isnan(slot_of(c)[rp + r])) sum = NAN;
-    }
-    for (int64_t c = 0; c < chunks && mx != kNegInf && sum == sum; ++c) {  // chunk order
-      const float* slot = slot_of(c);
-      if (slot[r] == kNegInf) continue;
-      const float f = std::exp(slot[r] - mx);
-      sum += f * slot[rp + r];
-      const float* o = slot + 2 * rp + r * dvp;
-      for (int64_t e = 0; e < dv; ++e) acc[e] += f * o[e];
-    }
-    const bool dead = mx == kNegInf && sum == 0.0f;
-    StoreRows(acc, dvp, 1, dv, dead ? 0.0f : 1.0f / sum, a.out + Offset(g.out, b, row, n), 0);
-    const int64_t idx = Offset(g.stats, b, row, n);
-    a.softmax_max[idx] = mx == kNegInf ? kMaskValue : mx;
-    a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
-  }
-}
-
 }  // namespace
-
-SplitForwardPlan PlanSplitForward(const AttentionGeometry& g, const SequenceBand* seqs) {
-  const SplitItems items(g, seqs);
-  if (!items.applicable()) return {};
-  // One head per group and one chunk per sequence: nothing is shared or split,
-  // the plain forward does the same work without the scratch and the merge.
-  if (items.group() == 1 && items.size() == g.batch * g.kv_heads) return {};
-  return {items.size(), g.batch * g.kv_heads, std::max<int64_t>(items.size() * items.slot(), 1)};
-}
 
 template <typename T>
 void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
@@ -424,26 +319,10 @@ void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
   }
 }
 
-template <typename T>
-void AttentionForwardMerge(const AttentionGeometry& g, const SequenceBand* seqs,
-                           const AttentionForwardArgs<T>& args, const float* scratch,
-                           int64_t begin, int64_t end) {
-  const SplitItems items(g, seqs);
-  if (!items.applicable()) return;
-  begin = std::max<int64_t>(begin, 0);
-  end = std::min(end, g.batch * g.kv_heads);
-  if (begin >= end) return;
-  std::vector<float> acc(RoundUpToTile(g.value_dim));
-  for (int64_t u = begin; u < end; ++u) MergeGroup(g, seqs, args, items, u, scratch, acc.data());
-}
-
 #define JAX_ROPE_INSTANTIATE(T)                                                               \
   template void AttentionForwardSplit<T>(const AttentionGeometry&, const SequenceBand*,      \
                                          const AttentionForwardArgs<T>&, float*, int64_t,     \
-                                         int64_t);                                            \
-  template void AttentionForwardMerge<T>(const AttentionGeometry&, const SequenceBand*,      \
-                                         const AttentionForwardArgs<T>&, const float*,        \
-                                         int64_t, int64_t);
+                                         int64_t);
 JAX_ROPE_INSTANTIATE(float)
 JAX_ROPE_INSTANTIATE(BFloat16)
 JAX_ROPE_INSTANTIATE(Float16)
