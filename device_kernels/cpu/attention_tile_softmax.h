@@ -11,14 +11,6 @@
 
 namespace jax_rope::cpu::tile_simd {
 
-// With 0 < scale <= 1 the online steps leave the scores unscaled and scale them
-// inside the exp's argument, one FMA x * scale - max (the backward's p, so both
-// passes compute p alike): the max is the same number (rounding is monotonic,
-// so max(scale * x) = scale * max(x)), a masked -inf stays -inf, and no
-// finite score overflows. Other scales (negative, or over 1, where x * scale
-// alone could overflow to inf) are applied to the tile first.
-JAX_ROPE_INLINE bool ScaleInExp(float scale) { return scale > 0.0f && scale <= 1.0f; }
-
 template <class Isa>
 JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
                                  float* q_max, float* q_sum, float* out, int64_t ldo,
@@ -26,30 +18,25 @@ JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t qu
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   const V neg_inf = V{} + kNegInf;
-  const bool in_exp = ScaleInExp(scale);
   for (int64_t c = 0; c < queries; c += w) {
     V tile_max = neg_inf;
     for (int64_t j = 0; j < keys; ++j) {
       V x;
       Load(x, s + j * lds + c);
-      if (!in_exp) {
-        x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
-        Store(s + j * lds + c, x);
-      }
+      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+      Store(s + j * lds + c, x);
       tile_max = x > tile_max ? x : tile_max;
     }
-    if (in_exp) tile_max *= scale;
     V old_max;
     Load(old_max, q_max + c);
     const V new_max = tile_max > old_max ? tile_max : old_max;
     // Queries with nothing visible yet keep max -inf; subtracting 0 keeps their p at 0.
     const V shift = new_max == neg_inf ? V{} : new_max;
-    const V factor = V{} + (in_exp ? scale : 1.0f);
     V sum = V{};
     for (int64_t j = 0; j < keys; ++j) {
       V x;
       Load(x, s + j * lds + c);
-      x = x * factor - shift;
+      x -= shift;
       Exp<Isa>(x);
       Store(s + j * lds + c, x);
       sum += x;
@@ -114,22 +101,18 @@ JAX_ROPE_INLINE void SoftmaxRows(float* s, int64_t lds, int64_t rows, int64_t ke
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   const V neg_inf = V{} + kNegInf;
-  const bool in_exp = ScaleInExp(scale);
-  const V factor = V{} + (in_exp ? scale : 1.0f);
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * lds;
     V tile_max = neg_inf;
     for (int64_t j = 0; j < keys; j += w) {
       V x;
       Load(x, row + j);
-      if (!in_exp) {
-        x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
-        Store(row + j, x);
-      }
+      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+      Store(row + j, x);
       tile_max = x > tile_max ? x : tile_max;
     }
     const float old_max = q_max[r];
-    float new_max = HorizontalMax<Isa>(tile_max) * (in_exp ? scale : 1.0f);
+    float new_max = HorizontalMax<Isa>(tile_max);
     new_max = new_max > old_max ? new_max : old_max;
     // Rows with nothing visible yet keep max -inf; subtracting 0 keeps their p at 0.
     const float shift = new_max == kNegInf ? 0.0f : new_max;
@@ -137,7 +120,7 @@ JAX_ROPE_INLINE void SoftmaxRows(float* s, int64_t lds, int64_t rows, int64_t ke
     for (int64_t j = 0; j < keys; j += w) {
       V x;
       Load(x, row + j);
-      x = x * factor - shift;
+      x -= shift;
       Exp<Isa>(x);
       Store(row + j, x);
       sum += x;

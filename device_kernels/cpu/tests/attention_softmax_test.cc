@@ -50,9 +50,8 @@ void CheckExp(const TileOps& ops, const char* isa) {
 
 // softmax_step (transposed tiles) and softmax_rows (the same tile by rows) of
 // one instruction set, and softmax_grad, against double precision on a tile
-// with masked (-inf) entries, fully masked columns and prior state, with
-// scales in (0, 1] (applied inside the exp's argument) and outside it, positive
-// and negative (masked entries stay -inf either way).
+// with masked (-inf) entries, fully masked columns and prior state, with a
+// positive and a negative scale (masked entries stay -inf either way).
 void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const int64_t keys = 37, cols = 48, ld = 64, out_cols = 32, kp = RoundUpToTile(keys);
@@ -70,7 +69,7 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
   }
   for (float& x : out0) x = u(rng);
   double worst = 0.0;
-  for (const float scale : {0.125f, 1.0f, 7.0f, -0.75f}) {
+  for (const float scale : {7.0f, -0.75f}) {
     for (const bool by_rows : {false, true}) {
       const std::string what = std::string(by_rows ? "softmax_rows " : "softmax_step ") + isa +
                                " scale " + std::to_string(scale);
