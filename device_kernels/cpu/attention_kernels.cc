@@ -370,9 +370,7 @@ void AttentionScores(const AttentionGeometry& g, const SequenceBand* seqs, const
                                    const T*, float*, const int64_t[3], int64_t, int64_t);    \
   template void CopyKeyValue<T>(const AttentionGeometry&, const SequenceBand*,               \
                                 const KeyValueCopy&, const T*, const T*, T*, int64_t, int64_t);
-JAX_ROPE_INSTANTIATE(float)
-JAX_ROPE_INSTANTIATE(BFloat16)
-JAX_ROPE_INSTANTIATE(Float16)
+JAX_ROPE_FOR_EACH_ELEMENT_TYPE(JAX_ROPE_INSTANTIATE)
 #undef JAX_ROPE_INSTANTIATE
 
 }  // namespace jax_rope::cpu

@@ -323,9 +323,7 @@ void AttentionForwardSplit(const AttentionGeometry& g, const SequenceBand* seqs,
   template void AttentionForwardSplit<T>(const AttentionGeometry&, const SequenceBand*,      \
                                          const AttentionForwardArgs<T>&, float*, int64_t,     \
                                          int64_t);
-JAX_ROPE_INSTANTIATE(float)
-JAX_ROPE_INSTANTIATE(BFloat16)
-JAX_ROPE_INSTANTIATE(Float16)
+JAX_ROPE_FOR_EACH_ELEMENT_TYPE(JAX_ROPE_INSTANTIATE)
 #undef JAX_ROPE_INSTANTIATE
 
 }  // namespace jax_rope::cpu

@@ -17,6 +17,13 @@ struct Float16 {
   uint16_t bits;
 };
 
+// M(T) for each element type the kernels take: the one list their explicit
+// instantiations expand.
+#define JAX_ROPE_FOR_EACH_ELEMENT_TYPE(M) \
+  M(float)                                \
+  M(::jax_rope::cpu::BFloat16)            \
+  M(::jax_rope::cpu::Float16)
+
 inline uint32_t FloatBits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
