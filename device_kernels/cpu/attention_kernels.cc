@@ -156,9 +156,17 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const float* qt = fl.q + j * fl.q_size;
       float* o = fl.o + j * fl.o_size;
       // Transposed scores (keys x queries): the statistics run along vectors.
+      // Without a masked position, bias or a negative scale, the product finds
+      // each query's largest score as it stores the tile.
+      const bool col_max = !bf16 && scale > 0.0f && g.bias.kind == BiasKind::kNone &&
+                           g.mask.data == nullptr && band.Covers(r0, nr, c0, nc);
+      alignas(64) float raw_max[kBlockQ];
       if (bf16) {
         ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
                       reinterpret_cast<const uint32_t*>(qt), kBlockQ, ws.s, kBlockQ);
+      } else if (col_max) {
+        std::fill(raw_max, raw_max + RoundUpToTile(nr), kNegInf);
+        ops.gemm_col_max(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, raw_max);
       } else {
         ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
                                                                   int64_t i, int64_t ni) {
@@ -168,8 +176,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, fl.max + j * kBlockQ,
-                       fl.sum + j * kBlockQ, o, ws.ldvp, nr, ws.dvp);
+      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, col_max ? raw_max : nullptr,
+                       fl.max + j * kBlockQ, fl.sum + j * kBlockQ, o, ws.ldvp, nr, ws.dvp);
       if (dropout) {  // the statistics above stay those of the undropped softmax
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);

@@ -251,8 +251,8 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
         ops.softmax_rows(s, kBlock, m, ncp, scale, slot, slot + rp, slot + 2 * rp, ws.dvp,
                          ws.dvp);
       } else {
-        ops.softmax_step(s, kBlock, nc, mp, scale, slot, slot + rp, slot + 2 * rp, ws.dvp, m,
-                         ws.dvp);
+        ops.softmax_step(s, kBlock, nc, mp, scale, nullptr, slot, slot + rp, slot + 2 * rp,
+                         ws.dvp, m, ws.dvp);
       }
       for (int64_t h = 0; h < group && dropout; ++h) {  // statistics stay undropped
         float* keep = ws.keep + h * head_step;

@@ -30,10 +30,12 @@ JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const uint16_t* p) {
 
 // C[MR x NV vectors] (+)= A[MR x k] * B[k x NV vectors], C held in registers.
 // A is read by scalar broadcasts, so any layout of it costs the same; B is
-// float32 or bfloat16 bits (BT = uint16_t, LoadB).
+// float32 or bfloat16 bits (BT = uint16_t, LoadB). With col_max, each
+// column's largest result (NaN skipped) is folded into it as C is stored.
 template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_col,
-                           const BT* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                           const BT* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
+                           float* col_max) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   V acc[MR][NV];
@@ -58,32 +60,41 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NV; ++j) Store(c + i * ldc + j * w, acc[i][j]);
   }
+  if (col_max == nullptr) return;
+  for (int j = 0; j < NV; ++j) {
+    V m;
+    Load(m, col_max + j * w);
+    for (int i = 0; i < MR; ++i) m = acc[i][j] > m ? acc[i][j] : m;
+    Store(col_max + j * w, m);
+  }
 }
 
 // Edge blocks: picks the instantiation for mr <= MR rows and nv <= NV vectors.
 template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void MicroEdge(int mr, int nv, int64_t k, const float* a, int64_t a_row,
                                int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
-                               bool accumulate) {
+                               bool accumulate, float* col_max) {
   if constexpr (MR > 1) {
     if (mr < MR) {
-      MicroEdge<Isa, MR - 1, NV, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+      MicroEdge<Isa, MR - 1, NV, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate,
+                                     col_max);
       return;
     }
   }
   if constexpr (NV > 1) {
     if (nv < NV) {
-      MicroEdge<Isa, MR, NV - 1, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+      MicroEdge<Isa, MR, NV - 1, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate,
+                                     col_max);
       return;
     }
   }
-  Micro<Isa, MR, NV, BT>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+  Micro<Isa, MR, NV, BT>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate, col_max);
 }
 
 template <class Isa, class BT>
 JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
                           int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
-                          bool accumulate) {
+                          bool accumulate, float* col_max = nullptr) {
   constexpr int w = kWidth<Isa>;
   constexpr int mr_max = Isa::kMr;
   constexpr int nv_max = Isa::kNv;
@@ -96,11 +107,12 @@ JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64
       const float* ai = a + i0 * a_row;
       const BT* bj = b + j0 * w;
       float* cij = c + i0 * ldc + j0 * w;
+      float* mj = col_max != nullptr ? col_max + j0 * w : nullptr;
       if (mr == mr_max && nv == nv_max) {
-        Micro<Isa, mr_max, nv_max, BT>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate);
+        Micro<Isa, mr_max, nv_max, BT>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate, mj);
       } else {
         MicroEdge<Isa, mr_max, nv_max, BT>(mr, nv, k, ai, a_row, a_col, bj, ldb, cij, ldc,
-                                           accumulate);
+                                           accumulate, mj);
       }
     }
   }

@@ -11,21 +11,47 @@
 
 namespace jax_rope::cpu::tile_simd {
 
+// s[j] = exp(scale * s[j] - shift) for the keys of one vector of queries,
+// added to sum: the product rounded to float32 before the subtraction,
+// as the scores are (Isa::Rounded keeps the two from contracting to an FMA).
+template <class Isa>
+JAX_ROPE_INLINE void ScaledExps(float* s, int64_t lds, int64_t keys, float scale,
+                                const typename Isa::V& shift, typename Isa::V& sum) {
+  using V = typename Isa::V;
+  for (int64_t j = 0; j < keys; ++j) {
+    V x;
+    Load(x, s + j * lds);
+    x = x * scale;
+    Isa::Rounded(x);
+    x -= shift;
+    Exp<Isa>(x);
+    Store(s + j * lds, x);
+    sum += x;
+  }
+}
+
 template <class Isa>
 JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
-                                 float* q_max, float* q_sum, float* out, int64_t ldo,
-                                 int64_t out_rows, int64_t out_cols) {
+                                 const float* raw_max, float* q_max, float* q_sum, float* out,
+                                 int64_t ldo, int64_t out_rows, int64_t out_cols) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   const V neg_inf = V{} + kNegInf;
   for (int64_t c = 0; c < queries; c += w) {
     V tile_max = neg_inf;
-    for (int64_t j = 0; j < keys; ++j) {
-      V x;
-      Load(x, s + j * lds + c);
-      x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
-      Store(s + j * lds + c, x);
-      tile_max = x > tile_max ? x : tile_max;
+    if (raw_max != nullptr) {
+      // No position masked and scale > 0: rounding is monotonic, so the
+      // largest scaled score is the largest product scaled.
+      Load(tile_max, raw_max + c);
+      tile_max *= scale;
+    } else {
+      for (int64_t j = 0; j < keys; ++j) {
+        V x;
+        Load(x, s + j * lds + c);
+        x = x == neg_inf ? x : x * scale;  // masked stays -inf whatever the scale's sign
+        Store(s + j * lds + c, x);
+        tile_max = x > tile_max ? x : tile_max;
+      }
     }
     V old_max;
     Load(old_max, q_max + c);
@@ -33,13 +59,17 @@ JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t qu
     // Queries with nothing visible yet keep max -inf; subtracting 0 keeps their p at 0.
     const V shift = new_max == neg_inf ? V{} : new_max;
     V sum = V{};
-    for (int64_t j = 0; j < keys; ++j) {
-      V x;
-      Load(x, s + j * lds + c);
-      x -= shift;
-      Exp<Isa>(x);
-      Store(s + j * lds + c, x);
-      sum += x;
+    if (raw_max != nullptr) {
+      ScaledExps<Isa>(s + c, lds, keys, scale, shift, sum);
+    } else {
+      for (int64_t j = 0; j < keys; ++j) {
+        V x;
+        Load(x, s + j * lds + c);
+        x -= shift;
+        Exp<Isa>(x);
+        Store(s + j * lds + c, x);
+        sum += x;
+      }
     }
     V alpha = old_max - shift;  // exactly 1 when the max did not move
     Exp<Isa>(alpha);

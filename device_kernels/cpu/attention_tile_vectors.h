@@ -18,7 +18,10 @@
 namespace jax_rope::cpu::tile_simd {
 
 // Register blocking per instruction set: kMr rows x kNv vectors of C stay in
-// registers (AVX-512: 16 of 32 zmm; AVX2/SSE: 12 of 16). Clamp(x, lo, hi) sets
+// registers (AVX-512: 16 of 32 zmm; AVX2/SSE: 12 of 16). Rounded(x) makes x
+// a value the compiler cannot see through, so that the multiply that made it
+// is rounded on its own (not contracted with what follows into an FMA).
+// Clamp(x, lo, hi) sets
 // x to min(hi, max(lo, x)), a NaN x passing through, with one max and one min
 // instruction: GCC turns the same ternaries on vector types with a constant
 // bound into compare-and-blend pairs.
@@ -27,6 +30,7 @@ struct Avx512 {
   typedef int32_t VI __attribute__((vector_size(64)));
   static constexpr int kMr = 4;
   static constexpr int kNv = 4;
+  JAX_ROPE_INLINE static void Rounded(V& x) { asm("" : "+v"(x)); }
   JAX_ROPE_INLINE static void Clamp(V& x, const V& lo, const V& hi) {
     asm("vmaxps %[x], %[lo], %[x]\n\tvminps %[x], %[hi], %[x]"
         : [x] "+v"(x)
@@ -38,6 +42,7 @@ struct Avx2 {
   typedef int32_t VI __attribute__((vector_size(32)));
   static constexpr int kMr = 6;
   static constexpr int kNv = 2;
+  JAX_ROPE_INLINE static void Rounded(V& x) { asm("" : "+x"(x)); }
   JAX_ROPE_INLINE static void Clamp(V& x, const V& lo, const V& hi) {
     asm("vmaxps %[x], %[lo], %[x]\n\tvminps %[x], %[hi], %[x]"
         : [x] "+x"(x)
@@ -49,6 +54,7 @@ struct Sse2 {
   typedef int32_t VI __attribute__((vector_size(16)));
   static constexpr int kMr = 6;
   static constexpr int kNv = 2;
+  JAX_ROPE_INLINE static void Rounded(V& x) { asm("" : "+x"(x)); }
   JAX_ROPE_INLINE static void Clamp(V& x, const V& lo, const V& hi) {
     V l = lo, h = hi;  // two-operand forms: maxps b, a sets a to a > b ? a : b
     asm("maxps %[x], %[l]\n\tminps %[l], %[h]" : [l] "+x"(l), [h] "+x"(h) : [x] "x"(x));

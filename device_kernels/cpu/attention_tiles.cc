@@ -44,10 +44,17 @@ using namespace tile_simd;
       const uint16_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {                \
     Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, accumulate);                           \
   }                                                                                            \
-  attr void SoftmaxStep##Isa(                                   \
-      float* s, int64_t lds, int64_t keys, int64_t queries, float scale, float* q_max,         \
-      float* q_sum, float* out, int64_t ldo, int64_t out_rows, int64_t out_cols) {             \
-    SoftmaxStep<Isa>(s, lds, keys, queries, scale, q_max, q_sum, out, ldo, out_rows, out_cols); \
+  attr void GemmColMax##Isa(                                                                   \
+      int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,           \
+      const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max) {                    \
+    Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, false, col_max);                       \
+  }                                                                                            \
+  attr void SoftmaxStep##Isa(                                                                  \
+      float* s, int64_t lds, int64_t keys, int64_t queries, float scale, const float* raw_max, \
+      float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_rows,                   \
+      int64_t out_cols) {                                                                      \
+    SoftmaxStep<Isa>(s, lds, keys, queries, scale, raw_max, q_max, q_sum, out, ldo, out_rows,  \
+                     out_cols);                                                                \
   }                                                                                            \
   attr void SoftmaxGrad##Isa(                                   \
       float* s, float* dp, int64_t ld, int64_t rows, int64_t cols, float scale,                \
@@ -82,7 +89,8 @@ using namespace tile_simd;
   attr float RowDot##Isa(const float* a, const float* b, int64_t n) {                          \
     return RowDot8(a, b, n);                                                                   \
   }                                                                                            \
-  constexpr TileOps k##Isa##Ops = {Gemm##Isa,      GemmBf16B##Isa,   SoftmaxStep##Isa,         \
+  constexpr TileOps k##Isa##Ops = {Gemm##Isa,      GemmBf16B##Isa,   GemmColMax##Isa,          \
+                                   SoftmaxStep##Isa,                                           \
                                    SoftmaxGrad##Isa, DotScores##Isa, SoftmaxRows##Isa,         \
                                    nullptr,        nullptr,          WidenBf16##Isa,           \
                                    WidenF16##Isa,  CopyRow##Isa,     ScaleRows##Isa,           \
@@ -94,7 +102,8 @@ JAX_ROPE_TILE_OPS(Sse2, , true)
 #undef JAX_ROPE_TILE_OPS
 
 // AVX-512 routines plus the bf16 GEMM and dot scores (attention_bf16.cc).
-constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     SoftmaxStepAvx512,
+constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     GemmColMaxAvx512,
+                                    SoftmaxStepAvx512,
                                     SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
                                     Bf16GemmAvx512,    Bf16DotScoresAvx512, WidenBf16Avx512,
                                     WidenF16Avx512,    CopyRowAvx512,       ScaleRowsAvx512,

@@ -66,16 +66,25 @@ struct TileOps {
   void (*gemm_bf16_b)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
                       int64_t a_col, const uint16_t* b, int64_t ldb, float* c, int64_t ldc,
                       bool accumulate);
+  // gemm (not accumulating) that also folds each column's largest product
+  // into col_max[j], j < RoundUpToTile(n) (NaN skipped, as the softmax steps
+  // skip it): the forward's score tiles without masked positions, whose
+  // softmax_step then needs no pass of its own for the maximum.
+  void (*gemm_col_max)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
+                       int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
+                       float* col_max);
 
   // One online-softmax step of the forward over a transposed tile s of raw
   // dot products (keys x queries, queries a multiple of kTileAlign, -inf where
   // masked). Per query column: folds max(scale * s) into q_max (-inf: nothing
   // seen yet), rescales q_sum and row q of `out` (the first out_rows rows,
   // out_cols columns, a multiple of kTileAlign) by exp(old max - new max), adds
-  // sum exp(scale * s - new max) to q_sum and leaves those terms in s.
+  // sum exp(scale * s - new max) to q_sum and leaves those terms in s. With
+  // raw_max (scale > 0, nothing masked), the column maxima of s from
+  // gemm_col_max: the same results, without a pass over s for them.
   void (*softmax_step)(float* s, int64_t lds, int64_t keys, int64_t queries, float scale,
-                       float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_rows,
-                       int64_t out_cols);
+                       const float* raw_max, float* q_max, float* q_sum, float* out,
+                       int64_t ldo, int64_t out_rows, int64_t out_cols);
 
   // Backward on a tile (rows x cols, cols a multiple of kTileAlign) of raw dot
   // products s (-inf where masked) and dp = dO . v: p = exp(scale * s - max) *

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -86,7 +87,7 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
           for (int64_t c = 0; c < cols; ++c) s[j * ld + c] = rows[c * kp + j];
         }
       } else {
-        ops.softmax_step(s.data(), ld, keys, cols, scale, q_max.data(), q_sum.data(),
+        ops.softmax_step(s.data(), ld, keys, cols, scale, nullptr, q_max.data(), q_sum.data(),
                          out.data(), out_cols, out_rows, out_cols);
       }
       double err = 0.0;
@@ -115,6 +116,38 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
       ++g_checks;
       if (err > 5e-6) Fail(what + " " + std::to_string(err));
       worst = std::max(worst, err);
+    }
+  }
+
+  // softmax_step given the raw products' column maxima (gemm_col_max's; a
+  // tile with nothing masked, scale > 0): the bits of the step that finds them
+  // itself, checked above, and the largest scaled score as the new maximum. One
+  // product is NaN, which the maxima skip.
+  for (const float scale : {7.0f, 0.125f}) {
+    const std::string what = std::string("softmax_step raw_max ") + isa + " scale " +
+                             std::to_string(scale);
+    std::vector<float> raw(keys * ld), raw_max(cols, -inf);
+    for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t c = 0; c < cols; ++c) {
+        raw[j * ld + c] = j == 2 && c == 5 ? NAN : 3.0f * u(rng);
+        if (!std::isnan(raw[j * ld + c])) raw_max[c] = std::max(raw_max[c], raw[j * ld + c]);
+      }
+    }
+    std::vector<float> s1 = raw, m1 = max0, sum1 = sum0, out1 = out0;
+    std::vector<float> s2 = raw, m2 = max0, sum2 = sum0, out2 = out0;
+    ops.softmax_step(s1.data(), ld, keys, cols, scale, nullptr, m1.data(), sum1.data(),
+                     out1.data(), out_cols, 40, out_cols);
+    ops.softmax_step(s2.data(), ld, keys, cols, scale, raw_max.data(), m2.data(), sum2.data(),
+                     out2.data(), out_cols, 40, out_cols);
+    ++g_checks;
+    const auto same = [](const std::vector<float>& x, const std::vector<float>& y) {
+      return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+    };
+    if (!same(s1, s2) || !same(m1, m2) || !same(sum1, sum2) || !same(out1, out2)) {
+      Fail(what + " bits");
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      if (m2[c] != std::max(max0[c], scale * raw_max[c])) Fail(what + " max");
     }
   }
 

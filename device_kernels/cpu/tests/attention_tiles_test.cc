@@ -1,5 +1,5 @@
 // Each instruction set's tile routines (attention_tiles.h: the GEMM over
-// float32 and bfloat16 B, the dot-product scores, the bfloat16 GEMM and dot
+// float32 and bfloat16 B and with column maxima, the dot-product scores, the bfloat16 GEMM and dot
 // scores and the kernel test's emulation of the GEMM, 16-bit widening, the
 // staging rows) against naive double-precision evaluations, on edge shapes of
 // every register block; the softmax steps are attention_softmax_test's. An
@@ -242,6 +242,26 @@ void CheckTileOps() {
               }
               ++g_checks;
               if (worst > 1e-4) Fail(std::string("gemm ") + name);
+              if (!accumulate) {
+                // gemm_col_max: gemm's bits, and each column's largest result
+                // folded into col_max (half the columns start at -inf).
+                std::vector<float> col_max(RoundUpToTile(n)), c_max = c0;
+                for (int64_t j = 0; j < n; ++j) col_max[j] = j % 2 ? u(rng) : -INFINITY;
+                const std::vector<float> col_max0 = col_max;
+                ops->gemm_col_max(m, n, k, a.data(), a_row, a_col, b.data(), ldb, c_max.data(),
+                                  ldc, col_max.data());
+                ++g_checks;
+                bool same = std::memcmp(c_max.data(), c.data(), c.size() * sizeof(float)) == 0;
+                for (int64_t j = 0; j < n; ++j) {
+                  float want = col_max0[j];
+                  for (int64_t i = 0; i < m; ++i) want = std::max(want, c[i * ldc + j]);
+                  same = same && col_max[j] == want;
+                }
+                if (!same) {
+                  Fail(std::string("gemm_col_max ") + name + " m " + std::to_string(m) + " n " +
+                       std::to_string(n) + " k " + std::to_string(k));
+                }
+              }
               // The same product over B as bfloat16 bits (B's values rounded to
               // bfloat16 first): the widened values are exact, so the result
               // has gemm's bits on those values.
