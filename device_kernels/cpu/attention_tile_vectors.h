@@ -18,13 +18,12 @@
 namespace jax_rope::cpu::tile_simd {
 
 // Register blocking per instruction set: kMr rows x kNv vectors of C stay in
-// registers (AVX-512: 16 of 32 zmm; AVX2/SSE: 12 of 16). Rounded(x) makes x
-// a value the compiler cannot see through, so that the multiply that made it
-// is rounded on its own (not contracted with what follows into an FMA).
-// Clamp(x, lo, hi) sets
-// x to min(hi, max(lo, x)), a NaN x passing through, with one max and one min
-// instruction: GCC turns the same ternaries on vector types with a constant
-// bound into compare-and-blend pairs.
+// registers (AVX-512: 16 of 32 zmm; AVX2/SSE: 12 of 16). Rounded(x) makes x a
+// value the compiler cannot see through, so that the multiply that made it is
+// rounded on its own (not contracted with what follows into an FMA).
+// Clamp(x, lo, hi) sets x to min(hi, max(lo, x)), a NaN x passing through,
+// with one max and one min instruction: GCC turns the same ternaries on
+// vector types with a constant bound into compare-and-blend pairs.
 struct Avx512 {
   typedef float V __attribute__((vector_size(64)));
   typedef int32_t VI __attribute__((vector_size(64)));

@@ -1,9 +1,10 @@
 // Each instruction set's softmax tile routines (attention_tiles.h:
 // softmax_step, softmax_rows, softmax_grad, and their exp) against naive
 // double-precision evaluations, on tiles with masked (-inf) entries, fully
-// masked columns and prior softmax state, with either sign of scale. An
-// instruction set this CPU lacks is reported and left out. Built and run by
-// ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+// masked columns and prior softmax state, with either sign of scale, and
+// softmax_step given its column maxima bit for bit against the step that finds
+// them. An instruction set this CPU lacks is reported and left out. Built and
+// run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,10 +1,11 @@
 // Each instruction set's tile routines (attention_tiles.h: the GEMM over
-// float32 and bfloat16 B and with column maxima, the dot-product scores, the bfloat16 GEMM and dot
-// scores and the kernel test's emulation of the GEMM, 16-bit widening, the
-// staging rows) against naive double-precision evaluations, on edge shapes of
-// every register block; the softmax steps are attention_softmax_test's. An
-// instruction set this CPU lacks is reported and left out. Built and run by ctest (CMake
-// option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+// float32 and bfloat16 B and with column maxima, the dot-product scores, the
+// bfloat16 GEMM and dot scores and the kernel test's emulation of the GEMM,
+// 16-bit widening, the staging rows) against naive double-precision
+// evaluations, on edge shapes of every register block; the softmax steps are
+// attention_softmax_test's. An instruction set this CPU lacks is reported and
+// left out. Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit
+// status 1 on failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
