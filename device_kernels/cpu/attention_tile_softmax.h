@@ -11,18 +11,21 @@
 
 namespace jax_rope::cpu::tile_simd {
 
-// s[j] = exp(scale * s[j] - shift) for the keys of one vector of queries,
-// added to sum: the product rounded to float32 before the subtraction,
-// as the scores are (Isa::Rounded keeps the two from contracting to an FMA).
-template <class Isa>
-JAX_ROPE_INLINE void ScaledExps(float* s, int64_t lds, int64_t keys, float scale,
-                                const typename Isa::V& shift, typename Isa::V& sum) {
+// s[j] = exp(s[j] - shift) for the keys of one vector of queries, added to
+// sum; with kScale, exp(scale * s[j] - shift), the product rounded to float32
+// before the subtraction as the scores are (Isa::Rounded keeps the two from
+// contracting to an FMA).
+template <class Isa, bool kScale>
+JAX_ROPE_INLINE void Exps(float* s, int64_t lds, int64_t keys, float scale,
+                          const typename Isa::V& shift, typename Isa::V& sum) {
   using V = typename Isa::V;
   for (int64_t j = 0; j < keys; ++j) {
     V x;
     Load(x, s + j * lds);
-    x = x * scale;
-    Isa::Rounded(x);
+    if constexpr (kScale) {
+      x = x * scale;
+      Isa::Rounded(x);
+    }
     x -= shift;
     Exp<Isa>(x);
     Store(s + j * lds, x);
@@ -60,16 +63,9 @@ JAX_ROPE_INLINE void SoftmaxStep(float* s, int64_t lds, int64_t keys, int64_t qu
     const V shift = new_max == neg_inf ? V{} : new_max;
     V sum = V{};
     if (raw_max != nullptr) {
-      ScaledExps<Isa>(s + c, lds, keys, scale, shift, sum);
+      Exps<Isa, true>(s + c, lds, keys, scale, shift, sum);
     } else {
-      for (int64_t j = 0; j < keys; ++j) {
-        V x;
-        Load(x, s + j * lds + c);
-        x -= shift;
-        Exp<Isa>(x);
-        Store(s + j * lds + c, x);
-        sum += x;
-      }
+      Exps<Isa, false>(s + c, lds, keys, scale, shift, sum);
     }
     V alpha = old_max - shift;  // exactly 1 when the max did not move
     Exp<Isa>(alpha);
