@@ -8,8 +8,9 @@
 // both on the CPU's bf16 dot products over K in place, where it has them).
 // Decode reads every K/V byte once and is bound by memory: the tile products
 // read K and V in place, in the order they lie in memory, which the hardware
-// prefetchers follow, and the dot scores ask for the next step's K rows
-// (NextKeyRows).
+// prefetchers follow; the dot scores ask for the K rows of a step a few ahead
+// (NextKeyRows) and for their own V rows, and the products then for the next
+// key block's K, so that memory is busy in both phases.
 // Where a key row's kv heads are adjacent (BSND, TND) a thread runs the items
 // of up to kRunHeads neighbouring kv heads of one chunk together, kSubRows rows
 // of each head in turn; walking one head's rows a page apart, they do not
@@ -22,6 +23,7 @@
 
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
+#include "device_kernels/cpu/attention_items.h"
 #include "device_kernels/cpu/attention_kernels.h"
 #include "device_kernels/cpu/attention_masking.h"
 #include "device_kernels/cpu/attention_split_items.h"
@@ -37,8 +39,15 @@ using namespace split_forward;
 // Rows of one head per step in memory order (decode: 8 and 16 as fast; with 8
 // the GEMM scores of 32-row groups, Sq 8 x G 4, were 15% slower on one core).
 constexpr int64_t kSubRows = 16;
-// Largest V block of a run that the dot scores ask for ahead of its products.
-constexpr int64_t kAskValuesBytes = 64 << 10;
+static_assert(kBlock % kSubRows == 0, "a key block holds whole steps");
+// Largest V block of a run that the dot scores ask for ahead of its products,
+// to wait in L2 for them: one BNSD head is 32 KiB at D = 128, a BSND run of 8
+// kv heads 128 KiB in bfloat16 and 256 KiB in float32. Up from 64 KiB, which
+// left the bfloat16 run's V to be read as its products reached it (B8 Sq1
+// Skv8192 N1=32 N2=8 D128 decode on two Zen 4 cores, C harness, interleaved
+// medians: 15.8-16.8 -> 12.6-13.1 ms); 256 KiB, asking for float32's too, did
+// not help it (20.1-20.9 ms either way).
+constexpr int64_t kAskValuesBytes = 128 << 10;
 
 // Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
 // float32 row-major, row stride dp (dot scores), or transposed, row stride
@@ -88,28 +97,34 @@ void InMemoryOrder(const Strides& st, int64_t rows, int64_t t0, int64_t t1, cons
   }
 }
 
-// The K rows of the step after (t, j0) of a run where a key row's heads are
-// adjacent (InMemoryOrder: the next head's rows j0.., then the first head's next
-// rows, then the next key block's first), for the dot scores to ask for as they
-// read theirs; nothing where that step has fewer than nj rows or there is none.
-// The dot scores take one key row at a time, and without this each row waited
-// on memory in turn: float32, B2 Skv4096 N1=32 N2=8 D128 on two Zen 4 cores,
-// Sq 4 (16 rows) 6.7-7.1 -> 5.5 ms, Sq 2 4.1-4.3 -> 3.8 ms, the B8 Skv8192
-// decode 25.5-25.8 -> 24.4-25.3 ms; with the AVX2 routines 3-12% faster.
+// The K rows of the step kKeyStepsAhead after (t, j0) of a run where a key
+// row's heads are adjacent (InMemoryOrder: the next heads' rows j0.., then the
+// first head's next rows, on into the next key block), for the dot scores to ask
+// for as they read theirs; nothing where that step has fewer than nj rows or
+// there is none. The dot scores take one key row at a time, and without this
+// each row waited on memory in turn: float32, B2 Skv4096 N1=32 N2=8 D128 on two
+// Zen 4 cores, Sq 4 (16 rows) 6.7-7.1 -> 5.5 ms, Sq 2 4.1-4.3 -> 3.8 ms, the B8
+// Skv8192 decode 25.5-25.8 -> 24.4-25.3 ms; with the AVX2 routines 3-12% faster.
+// Three steps ahead (12 KiB of float32 rows at D = 128) rather than the next:
+// the B8 Skv8192 decode 21.1 -> 19.0 ms in float32, 14.7 -> 12.8 ms in bfloat16
+// (C harness, interleaved medians); two steps did as well in bfloat16, five no
+// better.
+constexpr int64_t kKeyStepsAhead = 3;
+
 template <typename T>
 RowsAhead::Stream NextKeyRows(const AttentionGeometry& g, const Band& band, const T* key,
                               int64_t b, const SplitItems& items, int64_t t, int64_t t0,
                               int64_t t1, int64_t c0, int64_t j0, int64_t nj, int64_t last) {
-  int64_t row = c0 + j0;
-  if (t + 1 < t1) {
-    ++t;
-  } else {
-    t = t0;
-    row = j0 + kSubRows < std::min(kBlock, band.kv_len - c0) ? row + kSubRows : c0 + kBlock;
-  }
+  // Steps of a run go kSubRows rows of each head in turn, and its blocks are
+  // whole multiples of kSubRows rows but the last, whose rows past it are past
+  // kv_len: step s after (t0, c0) reads rows c0 + s / heads * kSubRows.. of head
+  // t0 + s % heads.
+  const int64_t heads = t1 - t0;
+  const int64_t step = j0 / kSubRows * heads + (t - t0) + kKeyStepsAhead;
+  const int64_t row = c0 + step / heads * kSubRows;
   if (row >= last || std::min(kSubRows, band.kv_len - row) < nj) return {};
-  return RowsAhead::Of(key + Offset(g.k, b, band.kv_start + row, items[t].head), g.k.seq,
-                       g.head_dim);
+  return RowsAhead::Of(key + Offset(g.k, b, band.kv_start + row, items[t0 + step % heads].head),
+                       g.k.seq, g.head_dim);
 }
 
 // Rows [row0, row0 + rows) of kv heads [h0, h0 + heads) of `src` (strides st)
@@ -155,7 +170,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   // vectors however few the rows), GEMM scores transposed (queries along them).
   const int64_t key_step = dot ? 1 : kBlock, head_step = dot ? nr * kBlock : nr;
   // Dot scores ask for the V rows of their step, when the run's V block is small
-  // enough to wait in L2 for its products (one BNSD head: 32 KiB at D = 128).
+  // enough to wait in L2 for its products (kAskValuesBytes).
   const bool ask_values = dot && (t1 - t0) * kBlock * dv * int64_t(sizeof(T)) <= kAskValuesBytes;
   // Float32 rows the products can read are read in place; others are converted
   // (LoadBlock) block by block for all the run's heads, in memory order too.
@@ -172,6 +187,12 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   const bool pairs = std::is_same_v<T, BFloat16> && d % 2 == 0 &&
                      (dot ? ops.bf16_dot_scores != nullptr : ops.bf16_gemm != nullptr);
   const bool keys_in_place = InPlace<T>(d, dot) || pairs;
+  // With its V rows asked for by the scores, the memory would idle while a
+  // block's products run; where K is read in place and a row's heads are
+  // adjacent, each product step asks for its rows of the next key block's K
+  // (C harness, interleaved medians: the bfloat16 B8 Skv8192 N2=8 decode
+  // 12.8 -> 11.2 ms; float32 N2=4, 128 KiB of V a run, 22.2-22.7 -> 20.5-20.8).
+  const bool ask_next_keys = ask_values && keys_in_place && RowHeadsAdjacent(g.k);
   const bool values_in_place = InPlace<T>(dv, true);
   const int64_t loaded_size = kBlock * std::max(ws.dp, ws.dvp);
   // Per head: its slot (maxima, sums, outputs) and packed query rows.
@@ -274,6 +295,12 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
     }
     InMemoryOrder(g.v, nc, t0, t1, [&](int64_t t, int64_t j0, int64_t nj) {
       const int64_t kvh = items[t].head;
+      if (ask_next_keys) {  // this step's rows of the next key block's K, not its V
+        RowsAhead next = KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlock + j0,
+                                       std::min(last, band.kv_len), nj);
+        next.streams[1] = {};
+        next.FetchAll();
+      }
       if (values_widened_in_product) {
         ops.gemm_bf16_b(m, dv, nj, tiles + (t - t0) * tile_size + j0, kBlock, 1,
                         reinterpret_cast<const uint16_t*>(
