@@ -90,6 +90,8 @@ def rows(quick: bool) -> list[Row]:
         Row("causal fwd+bwd", 1, 2048 // s, 2048 // s, 8, 8, 128, backward=True),
         Row("decode GQA", b(8), 1, 8192 // s, 32, 8, 128, causal="bottom-right",
             memory_bound=True),
+        Row("decode GQA bf16", b(8), 1, 8192 // s, 32, 8, 128, dtype="bfloat16",
+            causal="bottom-right", memory_bound=True),
         Row("chunked prefill", 1, 256 // s, 8192 // s, 32, 8, 128, causal="bottom-right"),
         Row("causal bf16", 1, 2048 // s, 2048 // s, 8, 8, 128, dtype="bfloat16"),
         Row("train D64 fwd+bwd", b(16), 512 // s, 512 // s, 16, 16, 64, backward=True),
