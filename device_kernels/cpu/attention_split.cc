@@ -45,8 +45,8 @@ static_assert(kBlock % kSubRows == 0, "a key block holds whole steps");
 // kv heads 128 KiB in bfloat16 and 256 KiB in float32. Up from 64 KiB, which
 // left the bfloat16 run's V to be read as its products reached it (B8 Sq1
 // Skv8192 N1=32 N2=8 D128 decode on two Zen 4 cores, C harness, interleaved
-// medians: 15.8-16.8 -> 12.6-13.1 ms); 256 KiB, asking for float32's too, did
-// not help it (20.1-20.9 ms either way).
+// medians of two runs: 15.8-16.3 -> 12.6-14.7 ms); 256 KiB, asking for
+// float32's too, did not help it (20.1-21.1 ms either way).
 constexpr int64_t kAskValuesBytes = 128 << 10;
 
 // Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
