@@ -21,6 +21,10 @@
 #include <type_traits>
 #include <vector>
 
+#if __has_include(<unistd.h>)
+#include <unistd.h>  // sysconf: the L2 size
+#endif
+
 #include "device_kernels/cpu/attention_bias.h"
 #include "device_kernels/cpu/attention_blocks.h"
 #include "device_kernels/cpu/attention_items.h"
@@ -40,14 +44,27 @@ using namespace split_forward;
 // the GEMM scores of 32-row groups, Sq 8 x G 4, were 15% slower on one core).
 constexpr int64_t kSubRows = 16;
 static_assert(kBlock % kSubRows == 0, "a key block holds whole steps");
-// Largest V block of a run that the dot scores ask for ahead of its products,
-// to wait in L2 for them: one BNSD head is 32 KiB at D = 128, a BSND run of 8
-// kv heads 128 KiB in bfloat16 and 256 KiB in float32. Up from 64 KiB, which
-// left the bfloat16 run's V to be read as its products reached it (B8 Sq1
-// Skv8192 N1=32 N2=8 D128 decode on two Zen 4 cores, C harness, interleaved
-// medians of two runs: 15.8-16.3 -> 12.6-14.7 ms); 256 KiB, asking for
-// float32's too, did not help it (20.1-21.1 ms either way).
-constexpr int64_t kAskValuesBytes = 128 << 10;
+// Largest V block of a run that the dot scores ask for ahead of its products:
+// a quarter of a core's L2, so that it waits there for them beside the next
+// block's K, which the products then ask for (ask_next_keys). One BNSD head is
+// 32 KiB at D = 128, a BSND run of 8 kv heads 128 KiB in bfloat16 and 256 KiB in
+// float32. B8 Sq1 Skv8192 N1=32 N2=8 D128 decode on two Zen 4 cores (1 MiB of
+// L2), C harness, interleaved medians: with the 64 KiB of before, the bfloat16
+// run's V came from memory as its products reached it; asked for, 15.8-16.3 ->
+// 12.6-14.7 ms (two runs). Float32's 256 KiB asked for gained nothing while the
+// products asked for nothing (20.1-21.1 ms either way), but with them asking
+// for the next K 19.3-20.2 -> 18.5-19.0 ms (four runs; one thread 32.9 -> 29.1),
+// Sq 2 28.9 -> 26.4 ms. Where sysconf does not say, 512 KiB of L2 is assumed.
+int64_t AskValuesBytes() {
+  static const int64_t bytes = [] {
+    long l2 = 0;
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+    return (l2 > 0 ? int64_t{l2} : int64_t{512} << 10) / 4;
+  }();
+  return bytes;
+}
 
 // Query rows of the group in q, zero padded to RoundUpToTile(m) rows: as
 // float32 row-major, row stride dp (dot scores), or transposed, row stride
@@ -170,8 +187,9 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   // vectors however few the rows), GEMM scores transposed (queries along them).
   const int64_t key_step = dot ? 1 : kBlock, head_step = dot ? nr * kBlock : nr;
   // Dot scores ask for the V rows of their step, when the run's V block is small
-  // enough to wait in L2 for its products (kAskValuesBytes).
-  const bool ask_values = dot && (t1 - t0) * kBlock * dv * int64_t(sizeof(T)) <= kAskValuesBytes;
+  // enough to wait in L2 for its products (AskValuesBytes).
+  const bool ask_values =
+      dot && (t1 - t0) * kBlock * dv * int64_t(sizeof(T)) <= AskValuesBytes();
   // Float32 rows the products can read are read in place; others are converted
   // (LoadBlock) block by block for all the run's heads, in memory order too.
   // Dot scores read K rows up to RoundUpToTile(d), as a B operand would.
