@@ -8,9 +8,10 @@
 // both on the CPU's bf16 dot products over K in place, where it has them).
 // Decode reads every K/V byte once and is bound by memory: the tile products
 // read K and V in place, in the order they lie in memory, which the hardware
-// prefetchers follow; the dot scores ask for the K rows of a step a few ahead
-// (NextKeyRows) and for their own V rows, and the products then for the next
-// key block's K, so that memory is busy in both phases.
+// prefetchers follow; the dot scores ask for their own V rows and the products
+// then for the next key block's K, so that memory is busy in both phases (where
+// V is not asked for, the dot scores ask for K rows a few steps ahead instead,
+// NextKeyRows).
 // Where a key row's kv heads are adjacent (BSND, TND) a thread runs the items
 // of up to kRunHeads neighbouring kv heads of one chunk together, kSubRows rows
 // of each head in turn; walking one head's rows a page apart, they do not
@@ -210,6 +211,9 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   // adjacent, each product step asks for its rows of the next key block's K
   // (C harness, interleaved medians: the bfloat16 B8 Skv8192 N2=8 decode
   // 12.8 -> 11.2 ms; float32 N2=4, 128 KiB of V a run, 22.2-22.7 -> 20.5-20.8).
+  // Those rows are then in L2 before the dot scores reach them, which ask for no
+  // K rows ahead of their own (NextKeyRows) in that case: asking again cost
+  // time (bfloat16 11.2-12.1 -> 11.2 ms, float32 18.9 -> 18.1, N2=1 7.0 -> 6.5).
   const bool ask_next_keys = ask_values && keys_in_place && RowHeadsAdjacent(g.k);
   const bool values_in_place = InPlace<T>(dv, true);
   const int64_t loaded_size = kBlock * std::max(ws.dp, ws.dvp);
@@ -255,7 +259,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
         ahead.streams[0] = RowsAhead::Of(
             a.value + Offset(g.v, b, band.kv_start + c0 + j0, items[t].head), g.v.seq, dv);
       }
-      if (keys_in_place && RowHeadsAdjacent(g.k)) {
+      if (keys_in_place && RowHeadsAdjacent(g.k) && !ask_next_keys) {
         ahead.streams[1] = NextKeyRows(g, band, a.key, b, items, t, t0, t1, c0, j0, nj, last);
       }
       if (pairs) {
