@@ -19,10 +19,12 @@ the FMA peak, the largest ratio any implementation could show against torch on t
 FLOPs count only visible (query, key) pairs: forward 4 * D * pairs per head; forward +
 backward 3.5x that (the backward is 2.5 forwards: FlashAttention's convention).
 
-    python benchmarks/bench_peers.py [--quick] [--plot PATH] [--repeats N]
+    python benchmarks/bench_peers.py [--quick] [--more] [--plot PATH] [--repeats N]
     JAX_ROPE_BENCH_QUICK=1 python benchmarks/bench_peers.py     # same as --quick
 
-Without torch the torch column says so; the rest still runs.
+Without torch the torch column says so; the rest still runs. --more adds shapes beyond issue
+13's table (attention without a mask as in encoders and ViT, cross-attention, head dims 80 and
+96, float16, bfloat16 training, speculative decoding), to check the claim on other shapes.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Row:
     kv_heads: int  # N2
     dim: int
     dtype: str = "float32"
-    causal: str = "top-left"  # "top-left" (sparse_mode 2) or "bottom-right" (mode 3)
+    causal: str = "top-left"  # "top-left" (sparse_mode 2), "bottom-right" (3), "none" (0)
     backward: bool = False
     memory_bound: bool = False  # decode: report GB/s of K/V against the copy bandwidth
     extra: tuple = ()  # jax_rope-only keyword arguments (ALiBi, dropout): vs the plain call
@@ -67,6 +69,8 @@ class Row:
     @property
     def pairs(self) -> int:
         """Visible (query, key) pairs of one head."""
+        if self.causal == "none":
+            return self.q_len * self.kv_len
         shift = self.kv_len - self.q_len if self.causal == "bottom-right" else 0
         rows = np.arange(self.q_len)
         return int(np.clip(rows + shift + 1, 0, self.kv_len).sum())
@@ -82,10 +86,13 @@ class Row:
             jnp.dtype(self.dtype)).itemsize
 
 
-def rows(quick: bool) -> list[Row]:
+MODES = {"top-left": 2, "bottom-right": 3, "none": 0}
+
+
+def rows(quick: bool, more: bool = False) -> list[Row]:
     s = 16 if quick else 1  # quick: sequences 16x shorter, batches at most 2
     b = (lambda n: min(n, 2)) if quick else (lambda n: n)
-    return [
+    table = [
         Row("causal fwd", 1, 4096 // s, 4096 // s, 8, 8, 128),
         Row("causal fwd+bwd", 1, 2048 // s, 2048 // s, 8, 8, 128, backward=True),
         Row("decode GQA", b(8), 1, 8192 // s, 32, 8, 128, causal="bottom-right",
@@ -99,6 +106,24 @@ def rows(quick: bool) -> list[Row]:
         Row("causal ALiBi", 1, 4096 // s, 4096 // s, 8, 8, 128, extra=(("alibi", True),)),
         Row("causal dropout 0.9", 1, 4096 // s, 4096 // s, 8, 8, 128,
             extra=(("dropout", 0.9),)),
+    ]
+    if not more:
+        return table
+    return table + [
+        Row("encoder fwd", b(4), 512 // s, 512 // s, 16, 16, 64, causal="none"),
+        Row("encoder fwd+bwd", b(4), 256 // s, 256 // s, 12, 12, 64, causal="none",
+            backward=True),
+        Row("ViT-B/16 fwd+bwd", b(8), 197 // s, 197 // s, 12, 12, 64, causal="none",
+            backward=True),
+        Row("GQA full fwd+bwd", 1, 1024 // s, 1024 // s, 32, 8, 128, causal="none",
+            backward=True),
+        Row("GQA full bf16 fwd+bwd", 1, 1024 // s, 1024 // s, 32, 8, 128, dtype="bfloat16",
+            causal="none", backward=True),
+        Row("cross-attention", 1, 1024 // s, 4096 // s, 16, 16, 64, causal="none"),
+        Row("causal D80 fwd+bwd", 1, 1024 // s, 1024 // s, 32, 32, 80, backward=True),
+        Row("causal D96", 1, 1024 // s, 1024 // s, 32, 32, 96),
+        Row("causal float16", 1, 1024 // s, 1024 // s, 16, 16, 128, dtype="float16"),
+        Row("speculative decode", b(4), 4, 4096 // s, 32, 8, 128, causal="bottom-right"),
     ]
 
 
@@ -133,7 +158,7 @@ def _jitted(row, fn, arrays):
 
 
 def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
-    mode = 3 if row.causal == "bottom-right" else 2
+    mode = MODES[row.causal]
     kwargs = _extra_kwargs(row) if with_extra else {}
     fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kwargs)[0]
     call = _jitted(row, fn, arrays)
@@ -149,20 +174,21 @@ def jax_nn_call(row, arrays):
         mask = jnp.tril(jnp.ones((row.q_len, row.kv_len), bool), row.kv_len - row.q_len)
         kwargs = {"mask": mask[None, None]}
     else:
-        kwargs = {"is_causal": True}
+        kwargs = {"is_causal": row.causal == "top-left"}
     return _jitted(row, lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, implementation="xla", **kwargs), arrays)
 
 
 def torch_call(row, arrays):
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[row.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[row.dtype]
     # (B, S, N, D) -> (B, N, S, D), contiguous, as SDPA expects
     q, k, v = (torch.from_numpy(a).to(dtype).transpose(1, 2).contiguous() for a in arrays)
     if row.causal == "bottom-right":
         mask = torch.ones(row.q_len, row.kv_len, dtype=torch.bool).tril(row.kv_len - row.q_len)
         kwargs = {"attn_mask": mask}
     else:
-        kwargs = {"is_causal": True}
+        kwargs = {"is_causal": row.causal == "top-left"}
     kwargs["enable_gqa"] = row.heads != row.kv_heads
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if not row.backward:
@@ -240,9 +266,13 @@ def describe_rate(row, ms, limits):
     return f"{gflops:7.1f} GFLOP/s = {gflops / limits['fma_gflops']:4.2f} of peak"
 
 
+def _mask_name(row):
+    return "no mask" if row.causal == "none" else f"{row.causal} causal"
+
+
 def report_row(row, results, limits):
     shape = (f"B{row.batch} Sq{row.q_len} Skv{row.kv_len} N{row.heads}/{row.kv_heads} "
-             f"D{row.dim} {row.dtype} {row.causal} causal{' fwd+bwd' if row.backward else ''}")
+             f"D{row.dim} {row.dtype} {_mask_name(row)}{' fwd+bwd' if row.backward else ''}")
     print(f"\n{row.name}: {shape}")
     if row.memory_bound:
         bound = row.kv_bytes / limits["copy_gbps"] / 1e6
@@ -303,12 +333,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         default=os.environ.get("JAX_ROPE_BENCH_QUICK", "") not in ("", "0"),
                         help="tiny shapes (16x shorter sequences): seconds, for a smoke run")
+    parser.add_argument("--more", action="store_true",
+                        help="also shapes beyond issue 13's table (no mask, cross-attention, "
+                             "D80/D96, float16, ...)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="interleaved rounds per row (the median is reported)")
-    parser.add_argument("--plot", default=os.path.join(os.path.dirname(__file__),
-                                                       "attention_peers.png"),
-                        help="where to write the ratio chart ('' for none)")
+    parser.add_argument("--plot", default=None,
+                        help="where to write the ratio chart ('' for none; by default "
+                             "benchmarks/attention_peers.png, the README's, or "
+                             "attention_peers_more.png with --more)")
     args = parser.parse_args()
+    if args.plot is None:
+        args.plot = os.path.join(os.path.dirname(__file__),
+                                 "attention_peers_more.png" if args.more else "attention_peers.png")
     limits = machine.measure(copy_mib=64 if args.quick else 256)
     peer = f"torch {torch.__version__} ({torch.get_num_threads()} threads)" if torch else \
         "torch missing (pip install 'jax_rope[bench]')"
@@ -319,7 +356,7 @@ def main() -> None:
     # The training rows allocate their outputs anew each call (README: small steps in a loop).
     print(f"malloc settings in the environment: {allocator.environment()}")
     times, ratios = {}, {}
-    for row in rows(args.quick):
+    for row in rows(args.quick, args.more):
         results = measure_row(row, args.repeats)
         times[row.name] = results
         row_ratios = report_row(row, results, limits)
@@ -330,7 +367,8 @@ def main() -> None:
              f"flash_attention_score vs peers ({'quick' if args.quick else 'full'} shapes, "
              f"{limits['threads']} threads)")
     rounded = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
-    print(json.dumps({"benchmark": "attention_peers", "quick": args.quick, "machine": limits,
+    print(json.dumps({"benchmark": "attention_peers", "quick": args.quick, "more": args.more,
+                      "machine": limits,
                       "malloc": allocator.environment(),
                       "ms": {k: rounded(v) for k, v in times.items()},
                       "ratios": {k: rounded(v) for k, v in ratios.items()}}))
