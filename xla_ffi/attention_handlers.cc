@@ -56,15 +56,28 @@ double PairWork(const Decoded& d, double per_pair) {
   return pairs * double(d.geometry.q_heads) * per_pair;
 }
 
-// Items per chunk for n items doing `work` flops in all: each chunk sets up a
-// kernel workspace and may wake a thread, which a small call would
-// otherwise spend more time on than on its tiles (32 chunks of a few
-// microseconds each); chunks of at least kChunkWork flops, and ParallelFor's
-// threads x 16 chunks at most for large calls.
-int64_t GrainFor(int64_t n, double work) {
-  constexpr double kChunkWork = 4e6;  // about 40 microseconds of tile products on one core
+// How a pass of n items doing `work` flops in all is split. A pool thread woken
+// for it may start tens of microseconds later, and the caller does not wait
+// for it (parallel.h): the chunks it has not taken, the caller takes. So the
+// chunks are small (kChunkWork flops, a few microseconds of tile products;
+// ParallelFor's threads x 16 at most), and a helper that starts late still
+// finds work; a pass takes a thread for each kWorkerWork flops or part of
+// them. Two equal chunks of 4e6 flops or more, as before, took a B2 S32 N16
+// D64 forward without a mask 0.075 ms where the helper took one and 0.14 ms
+// where it came too late (the median). Now (two Zen 4 cores, jitted, medians)
+// that forward takes 0.09 ms against 0.13-0.14, B1 S32 N16 (one thread before)
+// 0.05 against 0.075 ms, a causal B2 S32 N16 D64 forward + backward 0.30-0.32
+// against 0.33-0.36 ms; from S128 up the passes split as before.
+struct Chunking {
+  int64_t grain;    // items per chunk
+  int64_t workers;  // threads at most, the caller included
+};
+Chunking ChunkingFor(int64_t n, double work) {
+  constexpr double kChunkWork = 2.5e5;
+  constexpr double kWorkerWork = 4e6;  // about 40 microseconds of tile products on one core
   const double chunks = std::clamp(work / kChunkWork, 1.0, double(std::max<int64_t>(n, 1)));
-  return (n + int64_t(chunks) - 1) / int64_t(chunks);
+  return {(n + int64_t(chunks) - 1) / int64_t(chunks),
+          std::max<int64_t>(1, int64_t(std::ceil(work / kWorkerWork)))};
 }
 
 // A pass's float32 scratch of `floats` (undefined contents; the calling thread's
@@ -94,13 +107,14 @@ void AdviseOutputs(std::initializer_list<ffi::AnyBuffer*> outputs) {
 template <typename Fn>
 ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, double work, const Fn& fn) {
   std::atomic<bool> failed{false};
-  ParallelFor(pool, n, GrainFor(n, work), [&](int64_t begin, int64_t end) {
+  const Chunking chunking = ChunkingFor(n, work);
+  ParallelFor(pool, n, chunking.grain, [&](int64_t begin, int64_t end) {
     try {
       fn(begin, end);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
-  });
+  }, chunking.workers);
   return failed ? ffi::Error(ffi::ErrorCode::kResourceExhausted,
                              "jax_rope attention: out of memory for kernel scratch")
                 : ffi::Error::Success();

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <mutex>
 
@@ -35,11 +36,13 @@ void DrainChunks(ParallelState& state, int64_t chunk, int64_t chunks, int64_t n,
 }
 
 // `fn(begin, end)` is called on disjoint ranges covering [0, n). `grain` is the
-// smallest range worth a task.
+// smallest range worth a task; at most `max_workers` threads take part, the
+// caller included.
 template <typename Fn>
-void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn) {
+void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn& fn,
+                 int64_t max_workers = std::numeric_limits<int64_t>::max()) {
   grain = std::max<int64_t>(grain, 1);
-  const int64_t threads = pool.num_threads();
+  const int64_t threads = std::min<int64_t>(pool.num_threads(), std::max<int64_t>(max_workers, 1));
   const int64_t chunks = std::min<int64_t>((n + grain - 1) / grain,
                                            std::max<int64_t>(threads, 1) * 16);
   if (threads <= 1 || chunks <= 1) {
