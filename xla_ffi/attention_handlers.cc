@@ -62,10 +62,10 @@ double PairWork(const Decoded& d, double per_pair) {
 // chunks are small (kChunkWork flops, a few microseconds of tile products;
 // ParallelFor's threads x 16 at most), and a helper that starts late still
 // finds work; a pass takes a thread for each kWorkerWork flops or part of
-// them. Two equal chunks of 4e6 flops or more, as before, took a B2 S32 N16
-// D64 forward without a mask 0.075 ms where the helper took one and 0.14 ms
-// where it came too late (the median). Now (two Zen 4 cores, jitted, medians)
-// that forward takes 0.09 ms against 0.13-0.14, B1 S32 N16 (one thread before)
+// them. Cut into two chunks of 4e6 flops or more, as before, a B2 S32 N16 D64
+// forward without a mask took 0.075 ms where the helper took one, but 0.14 ms
+// in the median call, where the caller ran both. Now (two Zen 4 cores, jitted,
+// medians) it takes 0.09 ms against 0.13-0.14, B1 S32 N16 (one thread before)
 // 0.05 against 0.075 ms, a causal B2 S32 N16 D64 forward + backward 0.30-0.32
 // against 0.33-0.36 ms; from S128 up the passes split as before.
 struct Chunking {
