@@ -61,7 +61,7 @@ class Row:
     kv_heads: int  # N2
     dim: int
     dtype: str = "float32"
-    causal: str = "top-left"  # "top-left" (sparse_mode 2), "bottom-right" (3), "none" (0)
+    mask: str = "top-left causal"  # a key of MASKS
     backward: bool = False
     memory_bound: bool = False  # decode: report GB/s of K/V against the copy bandwidth
     extra: tuple = ()  # jax_rope-only keyword arguments (ALiBi, dropout): vs the plain call
@@ -69,9 +69,9 @@ class Row:
     @property
     def pairs(self) -> int:
         """Visible (query, key) pairs of one head."""
-        if self.causal == "none":
+        if self.mask == "no mask":
             return self.q_len * self.kv_len
-        shift = self.kv_len - self.q_len if self.causal == "bottom-right" else 0
+        shift = self.kv_len - self.q_len if self.mask == "bottom-right causal" else 0
         rows = np.arange(self.q_len)
         return int(np.clip(rows + shift + 1, 0, self.kv_len).sum())
 
@@ -86,7 +86,8 @@ class Row:
             jnp.dtype(self.dtype)).itemsize
 
 
-MODES = {"top-left": 2, "bottom-right": 3, "none": 0}
+# The masks the rows use, and their sparse_mode.
+MASKS = {"top-left causal": 2, "bottom-right causal": 3, "no mask": 0}
 
 
 def rows(quick: bool, more: bool = False) -> list[Row]:
@@ -95,11 +96,11 @@ def rows(quick: bool, more: bool = False) -> list[Row]:
     table = [
         Row("causal fwd", 1, 4096 // s, 4096 // s, 8, 8, 128),
         Row("causal fwd+bwd", 1, 2048 // s, 2048 // s, 8, 8, 128, backward=True),
-        Row("decode GQA", b(8), 1, 8192 // s, 32, 8, 128, causal="bottom-right",
+        Row("decode GQA", b(8), 1, 8192 // s, 32, 8, 128, mask="bottom-right causal",
             memory_bound=True),
         Row("decode GQA bf16", b(8), 1, 8192 // s, 32, 8, 128, dtype="bfloat16",
-            causal="bottom-right", memory_bound=True),
-        Row("chunked prefill", 1, 256 // s, 8192 // s, 32, 8, 128, causal="bottom-right"),
+            mask="bottom-right causal", memory_bound=True),
+        Row("chunked prefill", 1, 256 // s, 8192 // s, 32, 8, 128, mask="bottom-right causal"),
         Row("causal bf16", 1, 2048 // s, 2048 // s, 8, 8, 128, dtype="bfloat16"),
         Row("train D64 fwd+bwd", b(16), 512 // s, 512 // s, 16, 16, 64, backward=True),
         Row("train D256 fwd+bwd", b(16), 512 // s, 512 // s, 16, 16, 256, backward=True),
@@ -110,20 +111,20 @@ def rows(quick: bool, more: bool = False) -> list[Row]:
     if not more:
         return table
     return table + [
-        Row("encoder fwd", b(4), 512 // s, 512 // s, 16, 16, 64, causal="none"),
-        Row("encoder fwd+bwd", b(4), 256 // s, 256 // s, 12, 12, 64, causal="none",
+        Row("encoder fwd", b(4), 512 // s, 512 // s, 16, 16, 64, mask="no mask"),
+        Row("encoder fwd+bwd", b(4), 256 // s, 256 // s, 12, 12, 64, mask="no mask",
             backward=True),
-        Row("ViT-B/16 fwd+bwd", b(8), 197 // s, 197 // s, 12, 12, 64, causal="none",
+        Row("ViT-B/16 fwd+bwd", b(8), 197 // s, 197 // s, 12, 12, 64, mask="no mask",
             backward=True),
-        Row("GQA full fwd+bwd", 1, 1024 // s, 1024 // s, 32, 8, 128, causal="none",
+        Row("GQA full fwd+bwd", 1, 1024 // s, 1024 // s, 32, 8, 128, mask="no mask",
             backward=True),
         Row("GQA full bf16 fwd+bwd", 1, 1024 // s, 1024 // s, 32, 8, 128, dtype="bfloat16",
-            causal="none", backward=True),
-        Row("cross-attention", 1, 1024 // s, 4096 // s, 16, 16, 64, causal="none"),
+            mask="no mask", backward=True),
+        Row("cross-attention", 1, 1024 // s, 4096 // s, 16, 16, 64, mask="no mask"),
         Row("causal D80 fwd+bwd", 1, 1024 // s, 1024 // s, 32, 32, 80, backward=True),
         Row("causal D96", 1, 1024 // s, 1024 // s, 32, 32, 96),
         Row("causal float16", 1, 1024 // s, 1024 // s, 16, 16, 128, dtype="float16"),
-        Row("speculative decode", b(4), 4, 4096 // s, 32, 8, 128, causal="bottom-right"),
+        Row("speculative decode", b(4), 4, 4096 // s, 32, 8, 128, mask="bottom-right causal"),
     ]
 
 
@@ -158,7 +159,7 @@ def _jitted(row, fn, arrays):
 
 
 def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
-    mode = MODES[row.causal]
+    mode = MASKS[row.mask]
     kwargs = _extra_kwargs(row) if with_extra else {}
     fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kwargs)[0]
     call = _jitted(row, fn, arrays)
@@ -170,11 +171,11 @@ def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
 
 
 def jax_nn_call(row, arrays):
-    if row.causal == "bottom-right":
+    if row.mask == "bottom-right causal":
         mask = jnp.tril(jnp.ones((row.q_len, row.kv_len), bool), row.kv_len - row.q_len)
         kwargs = {"mask": mask[None, None]}
     else:
-        kwargs = {"is_causal": row.causal == "top-left"}
+        kwargs = {"is_causal": row.mask == "top-left causal"}
     return _jitted(row, lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, implementation="xla", **kwargs), arrays)
 
@@ -184,11 +185,11 @@ def torch_call(row, arrays):
              "float16": torch.float16}[row.dtype]
     # (B, S, N, D) -> (B, N, S, D), contiguous, as SDPA expects
     q, k, v = (torch.from_numpy(a).to(dtype).transpose(1, 2).contiguous() for a in arrays)
-    if row.causal == "bottom-right":
+    if row.mask == "bottom-right causal":
         mask = torch.ones(row.q_len, row.kv_len, dtype=torch.bool).tril(row.kv_len - row.q_len)
         kwargs = {"attn_mask": mask}
     else:
-        kwargs = {"is_causal": row.causal == "top-left"}
+        kwargs = {"is_causal": row.mask == "top-left causal"}
     kwargs["enable_gqa"] = row.heads != row.kv_heads
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if not row.backward:
@@ -266,13 +267,9 @@ def describe_rate(row, ms, limits):
     return f"{gflops:7.1f} GFLOP/s = {gflops / limits['fma_gflops']:4.2f} of peak"
 
 
-def _mask_name(row):
-    return "no mask" if row.causal == "none" else f"{row.causal} causal"
-
-
 def report_row(row, results, limits):
     shape = (f"B{row.batch} Sq{row.q_len} Skv{row.kv_len} N{row.heads}/{row.kv_heads} "
-             f"D{row.dim} {row.dtype} {_mask_name(row)}{' fwd+bwd' if row.backward else ''}")
+             f"D{row.dim} {row.dtype} {row.mask}{' fwd+bwd' if row.backward else ''}")
     print(f"\n{row.name}: {shape}")
     if row.memory_bound:
         bound = row.kv_bytes / limits["copy_gbps"] / 1e6
