@@ -1,8 +1,8 @@
 // The dropout keep hash on its own: the scalar Threefry-2x32-20 against known
 // answers (Random123's KAT and jax.extend.random.threefry_2x32), the keep masks
 // of spec/attention_bias_dropout.md section 3.3, and the vectorised keep runs of
-// dropout_keep.cc against the scalar hash. Built and run by ctest (CMake option
-// JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+// dropout_keep.cc on each instruction set against the scalar hash. Built and
+// run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -58,28 +58,38 @@ void CheckThreefry() {
     }
     return bytes;
   };
-  // The vectorised keep runs (dropout_keep.cc: blocks of counters, a tail)
-  // against the scalar hash, down a column and along a row, counters wrapping.
-  std::mt19937 rng(7);
-  for (int64_t count : {1, 7, 31, 32, 33, 64, 100}) {
-    for (bool down : {false, true}) {
-      const uint32_t k0 = rng(), k1 = rng();
-      const uint32_t row = rng() | 0xFFFFFFC0u, col = rng() | 0xFFFFFFC0u;  // within 64 of 2^32
-      const uint32_t threshold = 0x9999999Au;
-      std::vector<float> got(count + 1, -1.0f);
-      KeepRun(k0, k1, row, col, down, count, threshold, 1.25f, got.data());
-      ++g_checks;
-      for (int64_t t = 0; t <= count; ++t) {
-        float want = -1.0f;  // past the run: not written
-        if (t < count) {
-          const uint32_t step = static_cast<uint32_t>(t);
-          const uint32_t r = down ? row + step : row, c = down ? col : col + step;
-          want = Threefry2x32(k0, k1, r, c).y0 < threshold ? 1.25f : 0.0f;
-        }
-        if (got[t] != want) {
-          Fail("keep run of " + std::to_string(count) + (down ? " down" : " along") +
-               ": position " + std::to_string(t));
-          break;
+  // The vectorised keep runs of each instruction set (dropout_keep.cc: blocks
+  // of counters, a tail) against the scalar hash, down a column and along a
+  // row, counters wrapping.
+  const char* names[] = {"avx512", "avx2", "baseline"};
+  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
+  for (int which = 0; which < 3; ++which) {
+    const KeepRunFn run = KeepRunFor(isas[which]);
+    if (run == nullptr) {
+      std::printf("keep run %s: not supported here, skipped\n", names[which]);
+      continue;
+    }
+    std::mt19937 rng(7);
+    for (int64_t count : {1, 7, 31, 32, 33, 63, 64, 65, 100, 129}) {
+      for (bool down : {false, true}) {
+        const uint32_t k0 = rng(), k1 = rng();
+        const uint32_t row = rng() | 0xFFFFFFC0u, col = rng() | 0xFFFFFFC0u;  // within 64 of 2^32
+        const uint32_t threshold = 0x9999999Au;
+        std::vector<float> got(count + 1, -1.0f);
+        run(k0, k1, row, col, down, count, threshold, 1.25f, got.data());
+        ++g_checks;
+        for (int64_t t = 0; t <= count; ++t) {
+          float want = -1.0f;  // past the run: not written
+          if (t < count) {
+            const uint32_t step = static_cast<uint32_t>(t);
+            const uint32_t r = down ? row + step : row, c = down ? col : col + step;
+            want = Threefry2x32(k0, k1, r, c).y0 < threshold ? 1.25f : 0.0f;
+          }
+          if (got[t] != want) {
+            Fail(std::string("keep run ") + names[which] + " of " + std::to_string(count) +
+                 (down ? " down" : " along") + ": position " + std::to_string(t));
+            break;
+          }
         }
       }
     }
