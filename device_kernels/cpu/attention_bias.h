@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "device_kernels/cpu/attention_bias_rows.h"
 #include "device_kernels/cpu/attention_blocks.h"
 #include "device_kernels/cpu/dropout_keep.h"
 #include "device_kernels/cpu/threefry.h"
@@ -95,21 +96,6 @@ inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c
   });
 }
 
-// x = scale * x + (-slope) * a, a = float(|dist|) (its sqrt for kAlibiSqrt), at
-// the band positions of one stored row whose distances run base + kStep * e
-// (kStep +1 or -1), in int32 lanes: the loop vectorises, and the value is the
-// same float as the int64 reader's for every distance that fits.
-template <BiasKind K, int32_t kStep>
-inline void AddAlibiRow(float* row, int32_t lo, int32_t hi, int32_t base, float neg_slope,
-                        float scale) {
-  for (int32_t e = lo; e < hi; ++e) {
-    const int32_t dist = base + kStep * e;
-    float a = static_cast<float>(dist < 0 ? -dist : dist);
-    if constexpr (K == BiasKind::kAlibiSqrt) a = std::sqrt(a);
-    row[e] = scale * row[e] + neg_slope * a;
-  }
-}
-
 template <BiasKind K, typename T>
 void AddBiasTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_t n, int64_t r0,
                  int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld, bool transposed) {
@@ -123,12 +109,13 @@ void AddBiasTile(const AttentionGeometry& g, const Band& band, int64_t b, int64_
       const float neg_slope = -static_cast<const float*>(g.bias.data)[b * g.bias.slope_batch + n];
       ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t r, int64_t lo, int64_t hi) {
         float* row = s + r * ld;
+        // The distances along the stored row: base + step * e (AlibiRow).
         if (transposed) {  // key c0 + r, queries r0 + e
-          AddAlibiRow<K, -1>(row, int32_t(lo), int32_t(hi), int32_t(c0 + r - r0 + shift),
-                             neg_slope, g.scale);
+          AlibiRow(row, int32_t(lo), int32_t(hi), int32_t(c0 + r - r0 + shift), -1, neg_slope,
+                   g.scale, K == BiasKind::kAlibiSqrt);
         } else {  // query r0 + r, keys c0 + e
-          AddAlibiRow<K, 1>(row, int32_t(lo), int32_t(hi), int32_t(c0 - (r0 + r) + shift),
-                            neg_slope, g.scale);
+          AlibiRow(row, int32_t(lo), int32_t(hi), int32_t(c0 - (r0 + r) + shift), 1, neg_slope,
+                   g.scale, K == BiasKind::kAlibiSqrt);
         }
       });
       return;
@@ -215,9 +202,7 @@ inline void KeepTile(const AttentionGeometry& g, const Band& band, int64_t b, in
 inline void ApplyKeep(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s,
                       const float* r, int64_t ld, bool transposed) {
   ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t row, int64_t lo, int64_t hi) {
-    float* __restrict__ x = s + row * ld;  // a plain row loop: vectorised
-    const float* __restrict__ keep = r + row * ld;
-    for (int64_t e = lo; e < hi; ++e) x[e] *= keep[e];
+    MultiplyRow(s + row * ld, r + row * ld, lo, hi);
   });
 }
 
