@@ -82,16 +82,20 @@ inline void ForBandRows(const Band& band, int64_t r0, int64_t nr, int64_t c0, in
 }
 
 // fn(i, j, element) for the positions of the tile inside the band (i, j local
-// to the tile), by stored rows.
+// to the tile), by query rows whatever the tile's layout: what fn reads per
+// position (a bias tensor, the packed dropout mask) is stored by query rows, so
+// each of its rows is read in order. (By the stored rows of a transposed tile,
+// each step went to another query row: the causal S2048 forward with a dense
+// bias spent 17% of its samples adding it, 8% now.)
 template <typename Fn>
 inline void ForBandPositions(const Band& band, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                              float* s, int64_t ld, bool transposed, const Fn& fn) {
-  ForBandRows(band, r0, nr, c0, nc, transposed, [&](int64_t r, int64_t lo, int64_t hi) {
-    float* row = s + r * ld;
-    if (transposed) {
-      for (int64_t e = lo; e < hi; ++e) fn(e, r, row[e]);
+  ForBandRows(band, r0, nr, c0, nc, false, [&](int64_t i, int64_t lo, int64_t hi) {
+    if (transposed) {  // element (i, j) at stored row j
+      for (int64_t j = lo; j < hi; ++j) fn(i, j, s[j * ld + i]);
     } else {
-      for (int64_t e = lo; e < hi; ++e) fn(r, e, row[e]);
+      float* row = s + i * ld;
+      for (int64_t j = lo; j < hi; ++j) fn(i, j, row[j]);
     }
   });
 }
