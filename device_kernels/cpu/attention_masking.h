@@ -57,8 +57,17 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
     }
     if (mask.data == nullptr) continue;
     const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
+    // Bit operations, not a branch (GCC makes a branch of a select here),
+    // which an irregular mask mispredicts: a random one had this loop take a
+    // quarter of the S2048 forward's samples.
+    constexpr uint32_t kNegInfBits = 0xff800000u;
     for (int64_t j = row_lo; j < row_hi; ++j) {
-      if (m[(c0 + j) * mask.col] != 0) row[j * k_step] = kNegInf;
+      float* x = row + j * k_step;
+      const uint32_t masked = 0u - static_cast<uint32_t>(m[(c0 + j) * mask.col] != 0);
+      uint32_t bits;
+      std::memcpy(&bits, x, sizeof bits);
+      bits = (bits & ~masked) | (kNegInfBits & masked);
+      std::memcpy(x, &bits, sizeof bits);
     }
   }
 }
