@@ -32,8 +32,11 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const BlockSpan queries = band.QueryBlocks(c0, block.nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
+      const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+      const TileMask tile_mask = ElementMaskOf(g.mask, b, n, r0, nr, c0, block.nc);
+      if (tile_mask == TileMask::kAll) continue;
       KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, block.nc, ops, ws, bf16,
-                   nullptr, ws.acc1, ws.acc2);
+                   nullptr, tile_mask == TileMask::kSome, ws.acc1, ws.acc2);
     }
   }
   block.Store(g, a, ws);
@@ -66,6 +69,9 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const TileMask tile_mask = ElementMaskOf(g.mask, b, n, r0, nr, c0, nc);
+    if (tile_mask == TileMask::kAll) continue;
+    const bool elements = tile_mask == TileMask::kSome;
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
     const Operand k = BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.ldp,  // dQ's B
@@ -87,14 +93,14 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
       });
     }
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true, true, elements);
     if (g.dropout.mode != DropoutMode::kNone) {
       KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
       ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockQ, true);
     }
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
     TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.dprob, kBlockQ, k, d, dq,
-                          ws.ldp, ws.finite);
+                          ws.ldp, ws.finite, elements);
   }
   StoreRows(dq, ws.ldp, nr, d, g.scale, a.dquery + q_off, g.q.seq);
 }

@@ -74,10 +74,13 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
       for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
+        const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+        const TileMask tile_mask = ElementMaskOf(g.mask, b, n, r0, nr, c0, nc);
+        if (tile_mask == TileMask::kAll) continue;
         const bool full =
             KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16,
-                         pack != nullptr ? &packed[n - h * group] : nullptr, ws.acc1, ws.acc2);
-        const int64_t nr = std::min(kBlockQ, band.q_len - r0);
+                         pack != nullptr ? &packed[n - h * group] : nullptr,
+                         tile_mask == TileMask::kSome, ws.acc1, ws.acc2);
         ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                      int64_t j0, int64_t nj) {
           const auto visible = [&](int64_t i, int64_t j) {

@@ -107,13 +107,15 @@ struct PackedRows {
 // backward: recomputes P and dS (bias, masks, dropout as in the forward) into
 // ws.s / ws.dprob and adds P^T dO to dval and dS^T Q to dk (unscaled). K and V
 // of the block are in ws.t1 / ws.t2 (pairs for the bf16 products); the head's
-// query and dout rows in `packed` when given, else copied here. Returns
-// whether the tile is fully visible (for a dS K product the caller adds).
+// query and dout rows in `packed` when given, else copied here. elements:
+// whether the element mask applies to the tile (TileMask::kSome; the caller
+// skips kAll tiles). Returns whether the tile is fully visible (for a dS K
+// product the caller adds).
 template <typename T>
 bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
                   const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t q_end,
                   int64_t c0, int64_t nc, const TileOps& ops, Workspace& ws, bool bf16,
-                  const PackedRows* packed, float* dk, float* dval) {
+                  const PackedRows* packed, bool elements, float* dk, float* dval) {
   const int64_t nr = std::min(kBlockQ, band.q_len - r0), row = band.q_start + r0;
   const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
   const float scale = ScoreScale(g);
@@ -154,14 +156,14 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
     });
   }
   AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
-  MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false);
+  MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockK, false, true, elements);
   if (dropout) {  // dP = dZ * R before the softmax gradient, Z = P * R for dV after it
     KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockK, false);
     ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockK, false);
   }
   ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
   if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
-  const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+  const bool full = band.Covers(r0, nr, c0, nc) && !elements;
   ForEachVisibleStrip(band, r0, nr, c0, nc, true, false, [&](int64_t j0, int64_t nj,
                                                               int64_t i0, int64_t ni) {
     const auto visible = [&](int64_t j, int64_t i) {

@@ -143,6 +143,16 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   }
   for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    // What each lane sees of this key block (kAll: nothing, nor outside its key blocks).
+    TileMask tile_masks[kWideLanes];
+    bool seen = false;
+    for (int64_t j = 0; j < count; ++j) {
+      const Lane& l = lanes[j];
+      const bool visits = c0 >= l.keys.start && c0 < l.keys.end;
+      tile_masks[j] = visits ? ElementMaskOf(g.mask, b, l.n, l.r0, l.nr, c0, nc) : TileMask::kAll;
+      seen |= tile_masks[j] != TileMask::kAll;
+    }
+    if (!seen) continue;
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const Operand v = CopiedOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh),
                                     g.v.seq, nc, dv, ws.n2, ws.ldvp,
@@ -150,16 +160,17 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                                                   last));
     const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.ldp);
     for (int64_t j = 0; j < count; ++j) {
+      if (tile_masks[j] == TileMask::kAll) continue;
       const Lane& l = lanes[j];
-      if (c0 < l.keys.start || c0 >= l.keys.end) continue;
       const int64_t n = l.n, r0 = l.r0, nr = l.nr;
+      const bool elements = tile_masks[j] == TileMask::kSome;
       const float* qt = fl.q + j * fl.q_size;
       float* o = fl.o + j * fl.o_size;
       // Transposed scores (keys x queries): the statistics run along vectors.
       // Without a masked position, bias or a negative scale, the product finds
       // each query's largest score as it stores the tile.
       const bool col_max = !bf16 && scale > 0.0f && g.bias.kind == BiasKind::kNone &&
-                           g.mask.data == nullptr && band.Covers(r0, nr, c0, nc);
+                           !elements && band.Covers(r0, nr, c0, nc);
       alignas(64) float raw_max[kBlockQ];
       if (bf16) {
         ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
@@ -175,7 +186,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         });
       }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-      MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+      MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true, true, elements);
       ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, col_max ? raw_max : nullptr,
                        fl.max + j * kBlockQ, fl.sum + j * kBlockQ, o, ws.ldvp, nr, ws.dvp);
       if (dropout) {  // the statistics above stay those of the undropped softmax
@@ -183,7 +194,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
       }
       TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, v, dv, o,
-                            ws.ldvp, ws.finite);
+                            ws.ldvp, ws.finite, elements);
     }
   }
   for (int64_t j = 0; j < count; ++j) {

@@ -18,13 +18,42 @@ namespace jax_rope::cpu::attention {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// What the element mask holds in a tile's rectangle (rows [r0, r0 + nr) x
+// columns [c0, c0 + nc) of head n of sequence b): nothing masked (or no mask),
+// every position masked, or some of each. A kAll tile adds nothing to any
+// result and is skipped (what a skipped tile would add is exactly zero); the
+// band alone masks a kClear one. A pass over the tile's mask bytes, small
+// next to its products.
+enum class TileMask { kClear, kAll, kSome };
+
+inline TileMask ElementMaskOf(const ElementMask& mask, int64_t b, int64_t n, int64_t r0,
+                              int64_t nr, int64_t c0, int64_t nc) {
+  if (mask.data == nullptr) return TileMask::kClear;
+  const uint8_t* base = mask.data + b * mask.batch + n * mask.head + r0 * mask.row + c0 * mask.col;
+  bool some_masked = false, some_clear = false;
+  for (int64_t i = 0; i < nr && !(some_masked && some_clear); ++i) {
+    const uint8_t* m = base + i * mask.row;
+    uint8_t any = 0, all = 1;
+    for (int64_t j = 0; j < nc; ++j) {
+      const uint8_t masked = m[j * mask.col] != 0;
+      any |= masked;
+      all &= masked;
+    }
+    some_masked |= any != 0;
+    some_clear |= all == 0;
+  }
+  if (!some_masked) return TileMask::kClear;
+  return some_clear ? TileMask::kSome : TileMask::kAll;
+}
+
 // Sets the masked positions of a tile of rows [r0, r0 + nr) x columns
 // [c0, c0 + nc) to -inf, and its padding (along the stored rows, up to
 // RoundUpToTile) too unless !pad (a head's columns inside a packed tile).
-// transposed: keys along the stored rows.
+// transposed: keys along the stored rows. elements: whether the element mask
+// is applied (false for a tile it leaves clear, ElementMaskOf).
 inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n,
                      int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld,
-                     bool transposed, bool pad = true) {
+                     bool transposed, bool pad = true, bool elements = true) {
   const int64_t q_step = transposed ? 1 : ld;
   const int64_t k_step = transposed ? ld : 1;
   const int64_t stored_rows = transposed ? nc : nr;
@@ -33,7 +62,8 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
     std::fill(s + r * ld + used, s + r * ld + RoundUpToTile(used), kNegInf);
   }
   const ElementMask& mask = g.mask;
-  if (band.Covers(r0, nr, c0, nc) && mask.data == nullptr) return;
+  const bool by_elements = elements && mask.data != nullptr;
+  if (band.Covers(r0, nr, c0, nc) && !by_elements) return;
   // Row i sees columns [lo(i), hi(i)), both non-decreasing in i.
   const auto lo = [&](int64_t i) { return std::clamp<int64_t>(band.Lo(r0 + i) - c0, 0, nc); };
   const auto hi = [&](int64_t i) {
@@ -55,7 +85,7 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
       for (int64_t j = 0; j < row_lo; ++j) row[j * k_step] = kNegInf;
       for (int64_t j = row_hi; j < nc; ++j) row[j * k_step] = kNegInf;
     }
-    if (mask.data == nullptr) continue;
+    if (!by_elements) continue;
     const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
     // Bit operations, not a branch (GCC makes a branch of a select here),
     // which an irregular mask mispredicts: a random one had this loop take a
@@ -128,12 +158,13 @@ inline void MaskedGemm(const TileOps& ops, int64_t m, int64_t n, int64_t k, cons
 // C (query rows, row stride ldc) += P^T B for a transposed tile P (keys x
 // queries, row stride ld) of query head n: the forward's P V and the two-pass
 // backward's dS K, strip by strip over the keys each strip of query rows sees
-// (ForEachVisibleStrip), each strip a MaskedGemm.
+// (ForEachVisibleStrip), each strip a MaskedGemm. elements as for MaskTile.
 inline void TransposedTileProduct(const TileOps& ops, const Band& band, const AttentionGeometry& g,
                                   int64_t b, int64_t n, int64_t r0, int64_t nr, int64_t c0,
                                   int64_t nc, const float* tile, int64_t ld, const Operand& rows,
-                                  int64_t cols, float* c, int64_t ldc, float* scratch) {
-  const bool full = band.Covers(r0, nr, c0, nc) && g.mask.data == nullptr;
+                                  int64_t cols, float* c, int64_t ldc, float* scratch,
+                                  bool elements = true) {
+  const bool full = band.Covers(r0, nr, c0, nc) && (!elements || g.mask.data == nullptr);
   ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                int64_t p0, int64_t np) {
     MaskedGemm(ops, ni, cols, np, tile + i0 + p0 * ld, 1, ld, rows.Rows(p0), c + i0 * ldc, ldc,
