@@ -84,6 +84,22 @@ def test_decode_varlen(mode):
     _check(args, kw)
 
 
+# Batched decoding with a padding mask: the key blocks past a sequence's length are masked for
+# every head of a run and skipped; a sequence with no key left is a dead row.
+@pytest.mark.parametrize("sq,group,mask_heads", [(1, 4, 1), (3, 2, 1), (1, 2, 4)])
+def test_decode_padding_mask(sq, group, mask_heads):
+    rng = _rng("padding", sq, group, mask_heads)
+    b, skv = 4, 2100
+    lens = np.array([2100, 700, 0, 1500])
+    pad = np.arange(skv)[None, :] >= lens[:, None]
+    mask = np.broadcast_to(pad[:, None, None, :], (b, mask_heads, sq, skv)).copy()
+    if mask_heads > 1:  # one head of the first sequence sees only its first 300 keys
+        mask[0, 1, :, 300:] = True
+    args, kw = ao.make_case(rng, B=b, Sq=sq, Skv=skv, N1=2 * group, N2=2, D=64,
+                            sparse_mode=1, atten_mask=mask)
+    _check(args, kw)
+
+
 def test_decode_bfloat16():
     rng = _rng("bf16")
     args, kw = ao.make_case(rng, "BSND", ml_dtypes.bfloat16, B=2, Sq=1, Skv=1500, N1=8, N2=2, D=128,

@@ -232,7 +232,18 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
   for (int64_t c0 = first; c0 < last; c0 += kBlock) {
     const int64_t nc = std::min(kBlock, band.kv_len - c0);
     const int64_t ncp = RoundUpToTile(nc);
-    const bool full = band.Covers(0, nr, c0, nc) && g.mask.data == nullptr;
+    // A block the element mask masks for every head of the run adds nothing
+    // (ElementMaskOf): skipped, as a padding mask's keys past a sequence's end.
+    bool seen = false, clear = true;
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t h = 0; h < group; ++h) {
+        const TileMask tm = ElementMaskOf(g.mask, b, items[t].head * group + h, 0, nr, c0, nc);
+        seen |= tm != TileMask::kAll;
+        clear &= tm == TileMask::kClear;
+      }
+    }
+    if (!seen) continue;
+    const bool full = band.Covers(0, nr, c0, nc) && clear;
     if (!keys_in_place) {
       LoadRunBlocks(a.key, g.k, b, band.kv_start + c0, nc, run.head, t1 - t0, d, loaded, ws.dp,
                     loaded_size);
@@ -288,7 +299,7 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
       for (int64_t h = 0; h < group; ++h) {
         float* sh = s + h * head_step;
         AddBias<T>(g, band, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot);
-        MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false);
+        MaskTile(band, g, b, kvh * group + h, 0, nr, c0, nc, sh, kBlock, !dot, false, !clear);
       }
       if (dot) {
         ops.softmax_rows(s, kBlock, m, ncp, scale, slot, slot + rp, slot + 2 * rp, ws.dvp,
