@@ -68,7 +68,11 @@ class Row:
 
     @property
     def pairs(self) -> int:
-        """Visible (query, key) pairs of one head."""
+        """Visible (query, key) pairs of one head (averaged over the batch)."""
+        if self.mask in USER_MASKS:
+            masked = USER_MASKS[self.mask](self)
+            return int(np.broadcast_to(~masked, (self.batch,) + masked.shape[1:]).sum()
+                       // self.batch)
         if self.mask == "no mask":
             return self.q_len * self.kv_len
         shift = self.kv_len - self.q_len if self.mask == "bottom-right causal" else 0
@@ -82,12 +86,36 @@ class Row:
 
     @property
     def kv_bytes(self) -> int:
-        return 2 * self.batch * self.kv_len * self.kv_heads * self.dim * np.dtype(
-            jnp.dtype(self.dtype)).itemsize
+        """Bytes of the K/V rows some query sees (all of them without a user mask)."""
+        rows = self.batch * self.kv_len
+        if self.mask in USER_MASKS:
+            masked = USER_MASKS[self.mask](self)
+            rows = int(np.broadcast_to(~masked, (self.batch,) + masked.shape[1:])
+                       .any(axis=(1, 2)).sum())
+        return 2 * rows * self.kv_heads * self.dim * np.dtype(jnp.dtype(self.dtype)).itemsize
 
+
+def documents_mask(row):
+    """Causal attention within four documents of equal length packed into one sequence."""
+    i, j = np.arange(row.q_len)[:, None], np.arange(row.kv_len)[None, :]
+    length = max(1, row.q_len // 4)
+    return ((j > i) | (i // length != j // length))[None, None]
+
+
+def padding_mask(row):
+    """A padded KV cache: sequence b holds the first LENGTHS[b] (a fraction) of the keys."""
+    lengths = np.resize([1.0, 0.5, 0.25, 0.75, 0.0125, 0.98, 0.37, 0.61], row.batch)
+    ends = np.maximum(1, (lengths * row.kv_len).astype(int))
+    return (np.arange(row.kv_len)[None, :] >= ends[:, None])[:, None, None, :]
+
+
+# User masks (True = masked), (B|1, 1, Sq, Skv), which every peer gets as a mask argument
+# (jax_rope: sparse_mode 1's atten_mask; torch and jax.nn: its negation, True = attend).
+USER_MASKS = {"4 causal documents": documents_mask, "padding": padding_mask}
 
 # The masks the rows use, and their sparse_mode.
-MASKS = {"top-left causal": 2, "bottom-right causal": 3, "no mask": 0}
+MASKS = {"top-left causal": 2, "bottom-right causal": 3, "no mask": 0,
+         **{name: 1 for name in USER_MASKS}}
 
 
 def rows(quick: bool, more: bool = False) -> list[Row]:
@@ -125,6 +153,10 @@ def rows(quick: bool, more: bool = False) -> list[Row]:
         Row("causal D96", 1, 1024 // s, 1024 // s, 32, 32, 96),
         Row("causal float16", 1, 1024 // s, 1024 // s, 16, 16, 128, dtype="float16"),
         Row("speculative decode", b(4), 4, 4096 // s, 32, 8, 128, mask="bottom-right causal"),
+        Row("packed documents fwd+bwd", 1, 2048 // s, 2048 // s, 8, 8, 128,
+            mask="4 causal documents", backward=True),
+        Row("padded decode", b(8), 1, 8192 // s, 32, 8, 128, mask="padding",
+            memory_bound=True),
     ]
 
 
@@ -161,6 +193,8 @@ def _jitted(row, fn, arrays):
 def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
     mode = MASKS[row.mask]
     kwargs = _extra_kwargs(row) if with_extra else {}
+    if row.mask in USER_MASKS:
+        kwargs["atten_mask"] = jnp.asarray(USER_MASKS[row.mask](row))
     fn = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kwargs)[0]
     call = _jitted(row, fn, arrays)
 
@@ -171,7 +205,9 @@ def jax_rope_call(row, arrays, backend="ffi", with_extra=True):
 
 
 def jax_nn_call(row, arrays):
-    if row.mask == "bottom-right causal":
+    if row.mask in USER_MASKS:
+        kwargs = {"mask": jnp.asarray(~USER_MASKS[row.mask](row))}
+    elif row.mask == "bottom-right causal":
         mask = jnp.tril(jnp.ones((row.q_len, row.kv_len), bool), row.kv_len - row.q_len)
         kwargs = {"mask": mask[None, None]}
     else:
@@ -185,7 +221,9 @@ def torch_call(row, arrays):
              "float16": torch.float16}[row.dtype]
     # (B, S, N, D) -> (B, N, S, D), contiguous, as SDPA expects
     q, k, v = (torch.from_numpy(a).to(dtype).transpose(1, 2).contiguous() for a in arrays)
-    if row.mask == "bottom-right causal":
+    if row.mask in USER_MASKS:
+        kwargs = {"attn_mask": torch.from_numpy(~USER_MASKS[row.mask](row))}
+    elif row.mask == "bottom-right causal":
         mask = torch.ones(row.q_len, row.kv_len, dtype=torch.bool).tril(row.kv_len - row.q_len)
         kwargs = {"attn_mask": mask}
     else:
@@ -332,7 +370,7 @@ def main() -> None:
                         help="tiny shapes (16x shorter sequences): seconds, for a smoke run")
     parser.add_argument("--more", action="store_true",
                         help="also shapes beyond issue 13's table (no mask, cross-attention, "
-                             "D80/D96, float16, ...)")
+                             "D80/D96, float16, user masks, ...)")
     parser.add_argument("--repeats", type=int, default=5,
                         help="interleaved rounds per row (the median is reported)")
     parser.add_argument("--plot", default=None,
