@@ -229,6 +229,8 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
   const BlockSpan keys = band.KeyBlocks(r0, nr, kBlockK);
   for (int64_t c0 = keys.start; c0 < keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
+    const TileMask tile_mask = ElementMaskOf(g.mask, b, n, r0, nr, c0, nc);
+    if (tile_mask == TileMask::kAll) continue;  // every score stays kMaskValue
     const Operand k = View(key + Offset(g.k, b, band.kv_start + c0, kvh), g.k.seq, nc,
                            g.head_dim, false, ws.n1, ws.ldp);
     ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
@@ -237,7 +239,8 @@ void ScoresItem(const AttentionGeometry& g, const SequenceBand* seqs, const T* q
                ws.s + j * kBlockQ + i, kBlockQ, false);
     });
     AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
-    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
+    MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true, true,
+             tile_mask == TileMask::kSome);
     for (int64_t i = 0; i < nr; ++i) {
       // Masked positions keep the caller's kMaskValue.
       float* out = scores + b * strides[0] + n * strides[1] +
