@@ -66,13 +66,16 @@ class Row:
     memory_bound: bool = False  # decode: report GB/s of K/V against the copy bandwidth
     extra: tuple = ()  # jax_rope-only keyword arguments (ALiBi, dropout): vs the plain call
 
+    def visible(self) -> np.ndarray:
+        """A user mask's visible positions, (B, 1, Sq, Skv)."""
+        masked = USER_MASKS[self.mask](self)
+        return np.broadcast_to(~masked, (self.batch,) + masked.shape[1:])
+
     @property
     def pairs(self) -> int:
         """Visible (query, key) pairs of one head (averaged over the batch)."""
         if self.mask in USER_MASKS:
-            masked = USER_MASKS[self.mask](self)
-            return int(np.broadcast_to(~masked, (self.batch,) + masked.shape[1:]).sum()
-                       // self.batch)
+            return int(self.visible().sum() // self.batch)
         if self.mask == "no mask":
             return self.q_len * self.kv_len
         shift = self.kv_len - self.q_len if self.mask == "bottom-right causal" else 0
@@ -89,9 +92,7 @@ class Row:
         """Bytes of the K/V rows some query sees (all of them without a user mask)."""
         rows = self.batch * self.kv_len
         if self.mask in USER_MASKS:
-            masked = USER_MASKS[self.mask](self)
-            rows = int(np.broadcast_to(~masked, (self.batch,) + masked.shape[1:])
-                       .any(axis=(1, 2)).sum())
+            rows = int(self.visible().any(axis=(1, 2)).sum())
         return 2 * rows * self.kv_heads * self.dim * np.dtype(jnp.dtype(self.dtype)).itemsize
 
 
@@ -103,9 +104,9 @@ def documents_mask(row):
 
 
 def padding_mask(row):
-    """A padded KV cache: sequence b holds the first LENGTHS[b] (a fraction) of the keys."""
-    lengths = np.resize([1.0, 0.5, 0.25, 0.75, 0.0125, 0.98, 0.37, 0.61], row.batch)
-    ends = np.maximum(1, (lengths * row.kv_len).astype(int))
+    """A padded KV cache: sequence b holds the first fractions[b] of the keys (at least one)."""
+    fractions = np.resize([1.0, 0.5, 0.25, 0.75, 0.0125, 0.98, 0.37, 0.61], row.batch)
+    ends = np.maximum(1, (fractions * row.kv_len).astype(int))
     return (np.arange(row.kv_len)[None, :] >= ends[:, None])[:, None, None, :]
 
 
