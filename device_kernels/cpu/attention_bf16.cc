@@ -1,4 +1,4 @@
-// The bfloat16 GEMM of TileOps::bf16_gemm: vdpbf16ps multiplies pairs of
+// The bfloat16 GEMMs of TileOps::bf16_gemm and bf16_pairs_gemm: vdpbf16ps multiplies pairs of
 // bfloat16 along the depth axis exactly and adds them into float32 lanes, twice
 // the products per instruction of a float32 FMA, with no conversion of A (read
 // in place, a 32-bit pair per broadcast); and TileOps::bf16_dot_scores, the
@@ -41,6 +41,49 @@ JAX_ROPE_BF16 inline __attribute__((always_inline)) void Micro(
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
   }
+}
+
+// C[MR x NV vectors] (+)= A * B (pairs), A's pair p of row i at
+// a[i * a_row + p * a_col].
+template <int MR, int NV>
+JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroPairs(
+    int64_t kp, const uint32_t* a, int64_t a_row, int64_t a_col, const uint32_t* b, int64_t ldb,
+    float* c, int64_t ldc, bool accumulate) {
+  __m512 acc[MR][NV];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NV; ++j) {
+      acc[i][j] = accumulate ? _mm512_loadu_ps(c + i * ldc + j * 16) : _mm512_setzero_ps();
+    }
+  }
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512bh bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * ldb + j * 16);
+    const uint32_t* ap = a + p * a_col;
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[i * a_row]));
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
+  }
+}
+
+template <int MR, int NV>
+JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroPairsEdge(
+    int mr, int nv, int64_t kp, const uint32_t* a, int64_t a_row, int64_t a_col,
+    const uint32_t* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  if constexpr (MR > 1) {
+    if (mr < MR) {
+      return MicroPairsEdge<MR - 1, NV>(mr, nv, kp, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+    }
+  }
+  if constexpr (NV > 1) {
+    if (nv < NV) {
+      return MicroPairsEdge<MR, NV - 1>(mr, nv, kp, a, a_row, a_col, b, ldb, c, ldc, accumulate);
+    }
+  }
+  MicroPairs<MR, NV>(kp, a, a_row, a_col, b, ldb, c, ldc, accumulate);
 }
 
 template <int MR, int NV>
@@ -136,6 +179,27 @@ JAX_ROPE_BF16 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16
         Micro<kMr, kNv>(kp, ai, lda, bj, ldb, cij, ldc);
       } else {
         MicroEdge<kMr, kNv>(mr, nv, kp, ai, lda, bj, ldb, cij, ldc);
+      }
+    }
+  }
+}
+
+JAX_ROPE_BF16 void Bf16PairsGemmAvx512(int64_t m, int64_t n, int64_t kp, const uint32_t* a,
+                                       int64_t a_row, int64_t a_col, const uint32_t* b,
+                                       int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  constexpr int kMr = 4, kNv = 4;
+  const int64_t vectors = (n + 15) / 16;
+  for (int64_t j0 = 0; j0 < vectors; j0 += kNv) {
+    const int nv = static_cast<int>(vectors - j0 < kNv ? vectors - j0 : kNv);
+    for (int64_t i0 = 0; i0 < m; i0 += kMr) {
+      const int mr = static_cast<int>(m - i0 < kMr ? m - i0 : kMr);
+      const uint32_t* ai = a + i0 * a_row;
+      const uint32_t* bj = b + j0 * 16;
+      float* cij = c + i0 * ldc + j0 * 16;
+      if (mr == kMr && nv == kNv) {
+        MicroPairs<kMr, kNv>(kp, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate);
+      } else {
+        MicroPairsEdge<kMr, kNv>(mr, nv, kp, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate);
       }
     }
   }

@@ -109,6 +109,11 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
   // bfloat16 scores with the CPU's bf16 dot products: K read in place.
   const bool bf16 = std::is_same_v<T, BFloat16> && ops.bf16_gemm != nullptr && d % 2 == 0;
+  // bfloat16 P V: the probabilities rounded to bfloat16 (as the NPU's kernel
+  // rounds them for its matrix unit), on the bf16 dot products where the CPU
+  // has them and the value block is finite; elsewhere rounded in place for the
+  // float32 product, which then computes the same exact products.
+  const bool bf16_values = std::is_same_v<T, BFloat16> && ops.bf16_pairs_gemm != nullptr;
   struct Lane {
     int64_t n, r0, nr;
     BlockSpan keys;
@@ -154,10 +159,17 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     }
     if (!seen) continue;
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
-    const Operand v = CopiedOperand(ops, a.value + Offset(g.v, b, band.kv_start + c0, kvh),
-                                    g.v.seq, nc, dv, ws.n2, ws.ldvp,
-                                    KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
-                                                  last));
+    const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
+    const RowsAhead ahead = KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
+    uint32_t* value_pairs = reinterpret_cast<uint32_t*>(ws.n2);
+    bool pairs = false;
+    if (bf16_values) {
+      ahead.FetchAll();
+      pairs = LoadRowPairs(value, g.v.seq, nc, dv, value_pairs, ws.ldvp);
+    }
+    const Operand v = pairs ? Operand{nullptr, 0}
+                            : CopiedOperand(ops, value, g.v.seq, nc, dv, ws.n2, ws.ldvp,
+                                            bf16_values ? RowsAhead{} : ahead);
     const Operand k = bf16 ? Operand{nullptr, 0} : View(key, g.k.seq, nc, d, false, ws.n1, ws.ldp);
     for (int64_t j = 0; j < count; ++j) {
       if (tile_masks[j] == TileMask::kAll) continue;
@@ -193,6 +205,13 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
       }
+      if (pairs) {
+        PairsTileProduct(ops, band, r0, nr, c0, nc, ws.s, kBlockQ,
+                         reinterpret_cast<uint32_t*>(ws.dprob), value_pairs, ws.ldvp, dv, o,
+                         ws.ldvp);
+        continue;
+      }
+      if constexpr (std::is_same_v<T, BFloat16>) ops.round_bf16(ws.s, kBlockQ, nc, nr);
       TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, v, dv, o,
                             ws.ldvp, ws.finite, elements);
     }

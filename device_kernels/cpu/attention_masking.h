@@ -176,4 +176,22 @@ inline void TransposedTileProduct(const TileOps& ops, const Band& band, const At
   });
 }
 
+// TransposedTileProduct on bfloat16 pairs (TileOps::bf16_pairs_gemm): the
+// tile (keys x queries, every masked position an exact 0) rounded into pairs of
+// keys in `pairs` (row stride ld), times a finite value block as row pairs
+// (LoadRowPairs, row stride ldv). A strip's key range is widened to whole
+// pairs: the keys it takes in are zeros of the tile.
+inline void PairsTileProduct(const TileOps& ops, const Band& band, int64_t r0, int64_t nr,
+                             int64_t c0, int64_t nc, const float* tile, int64_t ld,
+                             uint32_t* pairs, const uint32_t* values, int64_t ldv, int64_t cols,
+                             float* c, int64_t ldc) {
+  ops.pack_bf16_pairs(tile, ld, nc, nr, pairs, ld);
+  ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                               int64_t p0, int64_t np) {
+    const int64_t first = p0 / 2, end = (std::min(p0 + np, nc) + 1) / 2;
+    ops.bf16_pairs_gemm(ni, cols, end - first, pairs + first * ld + i0, 1, ld,
+                        values + first * ldv, ldv, c + i0 * ldc, ldc, true);
+  });
+}
+
 }  // namespace jax_rope::cpu::attention

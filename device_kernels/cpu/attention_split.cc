@@ -313,6 +313,9 @@ void SplitRun(const AttentionGeometry& g, const SequenceBand* seqs,
         KeepTile(g, band, b, kvh * group + h, 0, nr, c0, nc, keep, kBlock, !dot);
         ApplyKeep(band, 0, nr, c0, nc, s + h * head_step, keep, kBlock, !dot);
       }
+      if constexpr (std::is_same_v<T, BFloat16>) {  // P V takes bfloat16 probabilities
+        ops.round_bf16(s, kBlock, dot ? m : nc, dot ? nc : m);
+      }
     }
     // For the dot scores' short groups, bfloat16 values of a block every row
     // sees all of go into P V in place, widened as the product loads them

@@ -1,7 +1,8 @@
 // Row routines of the staging code (attention_staging.h) at each instruction
 // set's width: 16-bit rows widened (TileOps::widen_bf16, widen_f16), float32
-// rows copied with a finiteness check (copy_row), scaled (scale_rows) and
-// multiplied and summed (row_dot). Plain loops that the compiler vectorizes at
+// rows copied with a finiteness check (copy_row), scaled (scale_rows),
+// multiplied and summed (row_dot) and rounded to bfloat16 (round_bf16,
+// pack_bf16_pairs). Plain loops that the compiler vectorizes at
 // the width of the wrapper they are inlined into. Compiled with the rest of
 // the kernels for baseline x86-64 they ran in 16-byte vectors: on one AVX2
 // core the B2 S32 N16 D256 causal backward took 1.37-1.47 ms with them there,
@@ -70,6 +71,36 @@ JAX_ROPE_INLINE float RowDot8(const float* a, const float* b, int64_t n) {
   }
   for (; c < n; ++c) part[c % 8] += a[c] * b[c];
   return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
+// TileOps::round_bf16: each value to the nearest bfloat16 (float_convert.h's
+// FromFloat, ties to even, NaN kept), in place.
+JAX_ROPE_INLINE void RoundRowsToBf16(float* s, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    for (int64_t c = 0; c < cols; ++c) row[c] = ToFloat(FromFloat<BFloat16>(row[c]));
+  }
+}
+
+// TileOps::pack_bf16_pairs: rows 2p and 2p + 1 of s rounded to bfloat16 as
+// FromFloat does, one pair per column (the even row in the low half), a row
+// past `rows` read as zero: dst[p * ldd + c] for c < RoundUpToTile(cols).
+JAX_ROPE_INLINE void PackRowPairsBf16(const float* s, int64_t ld, int64_t rows, int64_t cols,
+                                      uint32_t* dst, int64_t ldd) {
+  const int64_t padded = RoundUpToTile(cols);
+  for (int64_t p = 0; 2 * p < rows; ++p) {
+    const float* even = s + 2 * p * ld;
+    const float* odd = 2 * p + 1 < rows ? even + ld : nullptr;
+    uint32_t* out = dst + p * ldd;
+    if (odd == nullptr) {
+      for (int64_t c = 0; c < padded; ++c) out[c] = FromFloat<BFloat16>(even[c]).bits;
+      continue;
+    }
+    for (int64_t c = 0; c < padded; ++c) {
+      out[c] = uint32_t{FromFloat<BFloat16>(even[c]).bits} |
+               uint32_t{FromFloat<BFloat16>(odd[c]).bits} << 16;
+    }
+  }
 }
 
 }  // namespace jax_rope::cpu::tile_simd

@@ -25,6 +25,9 @@ namespace jax_rope::cpu {
 // attention_bf16.cc, compiled for AVX-512 with AVX512_BF16.
 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+void Bf16PairsGemmAvx512(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t a_row,
+                         int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+                         bool accumulate);
 void Bf16DotScoresAvx512(int64_t keys, int64_t rows, int64_t kp, const uint16_t* k, int64_t ldk,
                          const uint32_t* q, int64_t ldq, float* s, int64_t key_step,
                          int64_t row_step, const RowsAhead& ahead);
@@ -89,11 +92,19 @@ using namespace tile_simd;
   attr float RowDot##Isa(const float* a, const float* b, int64_t n) {                          \
     return RowDot8(a, b, n);                                                                   \
   }                                                                                            \
+  attr void RoundBf16##Isa(float* s, int64_t ld, int64_t rows, int64_t cols) {                 \
+    RoundRowsToBf16(s, ld, rows, cols);                                                        \
+  }                                                                                            \
+  attr void PackBf16Pairs##Isa(const float* s, int64_t ld, int64_t rows, int64_t cols,         \
+                               uint32_t* dst, int64_t ldd) {                                   \
+    PackRowPairsBf16(s, ld, rows, cols, dst, ldd);                                             \
+  }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      GemmBf16B##Isa,   GemmColMax##Isa,          \
                                    SoftmaxStep##Isa,                                           \
                                    SoftmaxGrad##Isa, DotScores##Isa, SoftmaxRows##Isa,         \
-                                   nullptr,        nullptr,          WidenBf16##Isa,           \
-                                   WidenF16##Isa,  CopyRow##Isa,     ScaleRows##Isa,           \
+                                   nullptr,        nullptr,          nullptr,                  \
+                                   WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
+                                   RoundBf16##Isa, PackBf16Pairs##Isa, ScaleRows##Isa,         \
                                    RowDot##Isa,    copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
@@ -101,12 +112,13 @@ JAX_ROPE_TILE_OPS(Avx2, __attribute__((target("avx2,fma"))), true)
 JAX_ROPE_TILE_OPS(Sse2, , true)
 #undef JAX_ROPE_TILE_OPS
 
-// AVX-512 routines plus the bf16 GEMM and dot scores (attention_bf16.cc).
+// AVX-512 routines plus the bf16 GEMMs and dot scores (attention_bf16.cc).
 constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     GemmColMaxAvx512,
                                     SoftmaxStepAvx512,
                                     SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
-                                    Bf16GemmAvx512,    Bf16DotScoresAvx512, WidenBf16Avx512,
-                                    WidenF16Avx512,    CopyRowAvx512,       ScaleRowsAvx512,
+                                    Bf16GemmAvx512,    Bf16PairsGemmAvx512, Bf16DotScoresAvx512,
+                                    WidenBf16Avx512,   WidenF16Avx512,      CopyRowAvx512,
+                                    RoundBf16Avx512,   PackBf16PairsAvx512, ScaleRowsAvx512,
                                     RowDotAvx512,      false};
 
 }  // namespace

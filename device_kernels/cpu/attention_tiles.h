@@ -119,6 +119,13 @@ struct TileOps {
   // readable up to column RoundUpToTile(n), which C is written to.
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
                     const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+  // C[m x n] (accumulate: C +) = A[m x 2 kp] * B on the same instruction, A
+  // given as pairs: A[i][2p] | A[i][2p + 1] << 16 is a[i * a_row + p * a_col]
+  // (a_row = 1, a_col = ld: pack_bf16_pairs of a transposed tile). B as in
+  // bf16_gemm; C written up to column RoundUpToTile(n). nullptr where missing.
+  void (*bf16_pairs_gemm)(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t a_row,
+                          int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+                          bool accumulate);
   // dot_scores of bfloat16 rows on the same instruction (nullptr where it is
   // missing): key row j is 2 kp bfloat16 (bits, k + j * ldk, read in place and
   // nothing past them), query row r kp pairs as in bf16_gemm's B (q + r * ldq,
@@ -141,6 +148,13 @@ struct TileOps {
   // c < cols (one rounding, the same bits everywhere); row_dot sums a[c] * b[c]
   // for c < n in eight partial sums (c mod 8) added in a fixed order.
   bool (*copy_row)(const float* src, int64_t cols, float* dst);
+  // bfloat16 rounding (ties to even, NaN kept) of float32 tiles: round_bf16
+  // rounds rows x cols in place; pack_bf16_pairs writes rows 2p and 2p + 1 of
+  // a rows x cols tile (read up to RoundUpToTile(cols); a row past `rows` is
+  // zero) as bf16_gemm's B pairs, dst[p * ldd + c], c < RoundUpToTile(cols).
+  void (*round_bf16)(float* s, int64_t ld, int64_t rows, int64_t cols);
+  void (*pack_bf16_pairs)(const float* s, int64_t ld, int64_t rows, int64_t cols, uint32_t* dst,
+                          int64_t ldd);
   void (*scale_rows)(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor,
                      float* dst, int64_t stride);
   float (*row_dot)(const float* a, const float* b, int64_t n);

@@ -144,6 +144,15 @@ def _exponentials(options, query, key, table, extras):
     return p, visible, live, s_max
 
 
+def _product_operand(x, dtype):
+    """Probabilities as their product with the values takes them: rounded to bfloat16 for
+    bfloat16 inputs (the NPU's kernel rounds them so for its matrix unit, the CPU kernel
+    for its bf16 dot products), float32 otherwise."""
+    if jnp.dtype(dtype) != jnp.bfloat16:
+        return x
+    return x.astype(jnp.bfloat16).astype(jnp.float32)
+
+
 def attention_forward(query, key, value, table, *extras, options: AttentionOptions):
     """(out, softmax_max, softmax_sum) with the spec's dead-row convention; dropout scales
     the kept probabilities after normalization (statistics undropped)."""
@@ -154,7 +163,7 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
     kept = _keep_scale(options, table, extras, p.shape)
     v = _to_bnsd(value, options).astype(jnp.float32)
     v = jnp.repeat(v, p.shape[1] // v.shape[1], axis=1)
-    weights = p if kept is None else p * kept
+    weights = _product_operand(p if kept is None else p * kept, query.dtype)
     out = _masked_product("bnqk,bnkd->bnqd", weights, v, visible) / row_sum[..., None]
     out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
     return (_from_bnsd(out, options), _stats_layout(row_max, options),

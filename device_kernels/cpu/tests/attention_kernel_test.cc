@@ -423,13 +423,14 @@ int main(int argc, char** argv) {
   if (g_copied_cases == 0) Fail("no case ran through the head-major K/V copy");
   if (g_reshaped_cases == 0) Fail("no case had forward items that change with the workers");
   // Again with the branches this CPU's routines leave out, each the other way round:
-  // B blocks copied or read in place, and bfloat16 scores widened or on a bf16_gemm
-  // (emulated where the CPU has none: bf16_gemm_emulated.h); the bf16 dot scores of
+  // B blocks copied or read in place, and bfloat16 scores and P V widened or on the
+  // bf16 GEMMs (emulated where the CPU has none: bf16_gemm_emulated.h); the bf16 dot scores of
   // the decode path (no emulation) are left out where the CPU has them.
   TileOps other = GetTileOps();
   other.copy_b_blocks = !other.copy_b_blocks;
   const bool emulated = other.bf16_gemm == nullptr;
   other.bf16_gemm = emulated ? EmulatedBf16Gemm : nullptr;
+  other.bf16_pairs_gemm = emulated ? EmulatedBf16PairsGemm : nullptr;
   other.bf16_dot_scores = nullptr;
   UseTileOpsForTesting(&other);
   run_cases();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "device_kernels/cpu/attention_staging.h"
 #include "device_kernels/cpu/attention_tiles.h"
 #include "device_kernels/cpu/float_convert.h"
 #include "device_kernels/cpu/tests/bf16_gemm_emulated.h"
@@ -155,6 +156,113 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
     }
   }
   std::printf("bf16_gemm %s: checked\n", name.c_str());
+}
+
+// A TileOps::bf16_pairs_gemm against a double-precision evaluation, A read
+// both ways (rows of pairs, and pack_bf16_pairs of a transposed float32 tile),
+// accumulating or not.
+void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) gemm,
+                        const std::string& name, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t m : {1, 5, 64}) {
+    for (int64_t n : {1, 16, 33, 128}) {
+      for (int64_t k : {1, 2, 7, 64}) {  // depth; odd: the last pair's partner is 0
+        const int64_t kp = (k + 1) / 2, ld = RoundUpToTile(m) + 16;
+        const int64_t ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
+        std::vector<float> at(k * ld);  // A transposed (k x m), rounded to bfloat16
+        for (float& x : at) x = ToFloat(FromFloat<BFloat16>(u(rng)));
+        std::vector<BFloat16> bv(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
+        for (int64_t p = 0; p < k; ++p) {
+          for (int64_t j = 0; j < n; ++j) bv[p * ldb + j] = FromFloat<BFloat16>(u(rng));
+        }
+        std::vector<uint32_t> b(kp * ldb);
+        const bool finite = attention::LoadRowPairs(bv.data(), ldb, k, n, b.data(), ldb);
+        std::vector<uint32_t> packed(kp * ld), rows(m * kp);
+        ops.pack_bf16_pairs(at.data(), ld, k, m, packed.data(), ld);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t p = 0; p < kp; ++p) rows[i * kp + p] = packed[p * ld + i];
+        }
+        for (bool accumulate : {false, true}) {
+          for (bool transposed : {false, true}) {
+            std::vector<float> c(m * ldc, 0.5f);
+            if (transposed) {
+              gemm(m, n, kp, packed.data(), 1, ld, b.data(), ldb, c.data(), ldc, accumulate);
+            } else {
+              gemm(m, n, kp, rows.data(), kp, 1, b.data(), ldb, c.data(), ldc, accumulate);
+            }
+            double worst = 0.0;
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t j = 0; j < ldc; ++j) {
+                double want = accumulate ? 0.5 : 0.0;
+                for (int64_t p = 0; p < k && j < n; ++p) {
+                  want += double(at[p * ld + i]) * ToFloat(bv[p * ldb + j]);
+                }
+                worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+              }
+            }
+            ++g_checks;
+            if (worst > 1e-4 || !finite) {
+              Fail("bf16_pairs_gemm " + name + " m " + std::to_string(m) + " n " +
+                   std::to_string(n) + " k " + std::to_string(k));
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("bf16_pairs_gemm %s: checked\n", name.c_str());
+}
+
+// TileOps::round_bf16 and pack_bf16_pairs, bit for bit against FromFloat (ties,
+// NaN, infinities, denormals among the values), and LoadRowPairs' finiteness.
+void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937& rng) {
+  const float specials[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -0.0f, 0x1p-130f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), BitsFloat(0x7f800001u),
+                            3.4028235e38f};
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int64_t rows : {1, 2, 5}) {
+    for (int64_t cols : {1, 16, 21}) {
+      const int64_t ld = RoundUpToTile(cols) + 16;
+      std::vector<float> s(rows * ld);
+      for (size_t i = 0; i < s.size(); ++i) {
+        s[i] = i % 3 == 0 ? specials[(i / 3) % 8] : BitsFloat(bits(rng));
+      }
+      std::vector<uint32_t> pairs((rows + 1) / 2 * ld, 1u);
+      ops.pack_bf16_pairs(s.data(), ld, rows, cols, pairs.data(), ld);
+      std::vector<float> rounded = s;
+      ops.round_bf16(rounded.data(), ld, rows, cols);
+      bool ok = true;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < ld; ++c) {
+          const float x = s[r * ld + c];
+          const uint16_t want = FromFloat<BFloat16>(x).bits;
+          const float got = rounded[r * ld + c];
+          if (c < cols) {
+            ok &= FloatBits(got) == FloatBits(ToFloat(BFloat16{want}));
+          } else {
+            ok &= FloatBits(got) == FloatBits(x);  // nothing past cols
+          }
+          if (c < RoundUpToTile(cols)) {
+            const uint32_t pair = pairs[r / 2 * ld + c];
+            ok &= (r % 2 == 0 ? pair & 0xffffu : pair >> 16) == want;
+            if (r % 2 == 0 && r + 1 == rows) ok &= pair >> 16 == 0;
+          }
+        }
+      }
+      ++g_checks;
+      if (!ok) Fail("round_bf16 / pack_bf16_pairs " + name + " rows " + std::to_string(rows));
+    }
+  }
+  std::vector<BFloat16> v(3 * 16, FromFloat<BFloat16>(1.0f));
+  std::vector<uint32_t> pairs(2 * 16);
+  ++g_checks;
+  if (!attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16) || pairs[16] != v[0].bits) {
+    Fail("LoadRowPairs of finite rows");
+  }
+  v[2 * 16 + 5] = FromFloat<BFloat16>(std::numeric_limits<float>::infinity());
+  ++g_checks;
+  if (attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16)) Fail("LoadRowPairs missed an Inf");
 }
 
 // A TileOps::bf16_dot_scores against a double-precision evaluation, scores
@@ -333,6 +441,10 @@ void CheckTileOps() {
       }
     }
     if (ops->bf16_gemm != nullptr) CheckBf16Gemm(ops->bf16_gemm, name, rng);
+    if (ops->bf16_pairs_gemm != nullptr) {
+      CheckBf16PairsGemm(*ops, ops->bf16_pairs_gemm, name, rng);
+    }
+    CheckBf16Rounding(*ops, name, rng);
     if (ops->bf16_dot_scores != nullptr) {
       CheckBf16DotScores(ops->bf16_dot_scores, name, rng);
     }
@@ -349,5 +461,6 @@ int main() {
   std::mt19937 rng(11);
   CheckBf16Gemm(test::EmulatedBf16Gemm, "emulated (attention_kernel_test's, for CPUs without it)",
                 rng);
+  CheckBf16PairsGemm(GetTileOps(), test::EmulatedBf16PairsGemm, "emulated", rng);
   return Finish();
 }
