@@ -74,9 +74,17 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const bool elements = tile_mask == TileMask::kSome;
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
-    const Operand k = BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.ldp,  // dQ's B
-                               KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
-                                             keys.end));
+    const RowsAhead ahead = KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK,
+                                          keys.end);
+    // dQ's B: row pairs for the bf16 dot products (finite keys), else float32.
+    uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws.n1);
+    bool pairs = bf16 && ops.bf16_pairs_gemm != nullptr;
+    if (pairs) {
+      ahead.FetchAll();
+      pairs = LoadRowPairs(key, g.k.seq, nc, d, key_pairs, ws.ldp);
+    }
+    const Operand k = pairs ? Operand{nullptr, 0}
+                            : BOperand(ops, key, g.k.seq, nc, d, ws.n1, ws.ldp, ahead);
     if (bf16) {
       ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq, q_pairs,
                     kBlockQ, ws.s, kBlockQ);
@@ -99,6 +107,13 @@ void QueryItem(const AttentionGeometry& g, const SequenceBand* seqs,
       ApplyKeep(band, r0, nr, c0, nc, ws.dprob, ws.keep, kBlockQ, true);
     }
     ops.softmax_grad(ws.s, ws.dprob, kBlockQ, nc, nrp, scale, ws.max, ws.sum, ws.delta, true);
+    // bfloat16: dS rounded to bfloat16 for dS K, as in KeyBlockTile.
+    if (pairs) {
+      PairsTileProduct(ops, band, r0, nr, c0, nc, ws.dprob, kBlockQ,
+                       reinterpret_cast<uint32_t*>(ws.s), key_pairs, ws.ldp, d, dq, ws.ldp);
+      continue;
+    }
+    if constexpr (std::is_same_v<T, BFloat16>) ops.round_bf16(ws.dprob, kBlockQ, nc, nr);
     TransposedTileProduct(ops, band, g, b, n, r0, nr, c0, nc, ws.dprob, kBlockQ, k, d, dq,
                           ws.ldp, ws.finite, elements);
   }

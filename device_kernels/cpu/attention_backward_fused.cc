@@ -68,8 +68,14 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   for (int64_t c0 = 0; c0 < band.kv_len; c0 += kBlockK) {
     const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws);
     const int64_t nc = block.nc;
-    const Operand kb = CopiedOperand(ops, a.key + block.k_off, g.k.seq, nc, d, ws.key_rows,
-                                     ws.ldp, RowsAhead{});  // dQ's B, read by every tile
+    // dQ's B, read by every tile: row pairs for the bf16 dot products (finite
+    // keys), else float32 rows.
+    uint32_t* key_pairs = reinterpret_cast<uint32_t*>(ws.key_rows);
+    const bool pairs = bf16 && ops.bf16_pairs_gemm != nullptr &&
+                       LoadRowPairs(a.key + block.k_off, g.k.seq, nc, d, key_pairs, ws.ldp);
+    const Operand kb = pairs ? Operand{nullptr, 0}
+                             : CopiedOperand(ops, a.key + block.k_off, g.k.seq, nc, d,
+                                             ws.key_rows, ws.ldp, RowsAhead{});
     const BlockSpan queries = band.QueryBlocks(c0, nc, kBlockQ);
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
@@ -81,6 +87,20 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
             KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16,
                          pack != nullptr ? &packed[n - h * group] : nullptr,
                          tile_mask == TileMask::kSome, ws.acc1, ws.acc2);
+        if (pairs) {  // dS rounded to bfloat16 rows of key pairs (ws.keep, free now)
+          uint16_t* ds_rows = reinterpret_cast<uint16_t*>(ws.keep);
+          ops.narrow_bf16(ws.dprob, kBlockK, nr, nc, ds_rows, kBlockK);
+          ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
+                                                                       int64_t j0, int64_t nj) {
+            const int64_t first = j0 / 2, kp = (std::min(j0 + nj, nc) + 1) / 2 - first;
+            ops.bf16_pairs_gemm(ni, d, kp,
+                                reinterpret_cast<const uint32_t*>(ds_rows + i0 * kBlockK) + first,
+                                kBlockK / 2, 1, key_pairs + first * ws.ldp, ws.ldp,
+                                dq_head + (r0 + i0) * ldq, ldq, true);
+          });
+          continue;
+        }
+        if constexpr (std::is_same_v<T, BFloat16>) ops.round_bf16(ws.dprob, kBlockK, nr, nc);
         ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                      int64_t j0, int64_t nj) {
           const auto visible = [&](int64_t i, int64_t j) {

@@ -110,7 +110,7 @@ struct PackedRows {
 // query and dout rows in `packed` when given, else copied here. elements:
 // whether the element mask applies to the tile (TileMask::kSome; the caller
 // skips kAll tiles). Returns whether the tile is fully visible (for a dS K
-// product the caller adds).
+// product the caller adds; bfloat16: dS in ws.dprob is not rounded yet).
 template <typename T>
 bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
                   const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t q_end,
@@ -132,10 +132,24 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
     next_dout.streams[0] = RowsAhead::Of(dout_rows + kBlockQ * g.out.seq, g.out.seq, dv);
     next_query.rows = next_dout.rows = next;
   }
-  const Operand q = packed != nullptr
+  // bfloat16: P and dS go into the dV and dK products rounded to bfloat16 (as
+  // the NPU's kernel rounds them for its matrix unit), on the bf16 dot products
+  // when the query and dout rows are finite (as row pairs in ws.n1 / ws.n2).
+  uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.n1);
+  uint32_t* dout_pairs = reinterpret_cast<uint32_t*>(ws.n2);
+  bool pairs = bf16 && ops.bf16_pairs_gemm != nullptr && packed == nullptr;
+  if (pairs) {
+    next_query.FetchAll();
+    next_dout.FetchAll();
+    pairs = LoadRowPairs(query, g.q.seq, nr, d, q_pairs, ws.ldp) &&
+            LoadRowPairs(dout_rows, g.out.seq, nr, dv, dout_pairs, ws.ldvp);
+  }
+  const Operand q = pairs ? Operand{nullptr, 0}
+                    : packed != nullptr
                         ? packed->query.Rows(r0)
                         : BOperand(ops, query, g.q.seq, nr, d, ws.n1, ws.ldp, next_query);
-  const Operand dout = packed != nullptr
+  const Operand dout = pairs ? Operand{nullptr, 0}
+                       : packed != nullptr
                            ? packed->dout.Rows(r0)
                            : BOperand(ops, dout_rows, g.out.seq, nr, dv, ws.n2, ws.ldvp, next_dout);
   LoadStats(g, band, a, row_delta, b, n, r0, nr, ws);
@@ -164,6 +178,26 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
   if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
   const bool full = band.Covers(r0, nr, c0, nc) && !elements;
+  if (pairs) {  // query pairs of P and dS (ws.keep, free now), a strip widened to whole pairs
+    uint32_t* p_pairs = reinterpret_cast<uint32_t*>(ws.keep);
+    uint32_t* ds_pairs = p_pairs + kBlockQ / 2 * kBlockK;
+    ops.pack_bf16_pairs(ws.s, kBlockK, nr, nc, p_pairs, kBlockK);
+    ops.pack_bf16_pairs(ws.dprob, kBlockK, nr, nc, ds_pairs, kBlockK);
+    ForEachVisibleStrip(band, r0, nr, c0, nc, true, false, [&](int64_t j0, int64_t nj,
+                                                                int64_t i0, int64_t ni) {
+      const int64_t first = i0 / 2, kp = (std::min(i0 + ni, nr) + 1) / 2 - first;
+      ops.bf16_pairs_gemm(nj, dv, kp, p_pairs + first * kBlockK + j0, 1, kBlockK,
+                          dout_pairs + first * ws.ldvp, ws.ldvp, dval + j0 * ws.ldvp, ws.ldvp,
+                          true);
+      ops.bf16_pairs_gemm(nj, d, kp, ds_pairs + first * kBlockK + j0, 1, kBlockK,
+                          q_pairs + first * ws.ldp, ws.ldp, dk + j0 * ws.ldp, ws.ldp, true);
+    });
+    return full;
+  }
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    ops.round_bf16(ws.s, kBlockK, nr, nc);
+    ops.round_bf16(ws.dprob, kBlockK, nr, nc);
+  }
   ForEachVisibleStrip(band, r0, nr, c0, nc, true, false, [&](int64_t j0, int64_t nj,
                                                               int64_t i0, int64_t ni) {
     const auto visible = [&](int64_t j, int64_t i) {

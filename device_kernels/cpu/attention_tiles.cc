@@ -99,12 +99,17 @@ using namespace tile_simd;
                                uint32_t* dst, int64_t ldd) {                                   \
     PackRowPairsBf16(s, ld, rows, cols, dst, ldd);                                             \
   }                                                                                            \
+  attr void NarrowBf16##Isa(const float* s, int64_t ld, int64_t rows, int64_t cols,            \
+                            uint16_t* dst, int64_t ldd) {                                      \
+    NarrowRowsToBf16(s, ld, rows, cols, dst, ldd);                                             \
+  }                                                                                            \
   constexpr TileOps k##Isa##Ops = {Gemm##Isa,      GemmBf16B##Isa,   GemmColMax##Isa,          \
                                    SoftmaxStep##Isa,                                           \
                                    SoftmaxGrad##Isa, DotScores##Isa, SoftmaxRows##Isa,         \
                                    nullptr,        nullptr,          nullptr,                  \
                                    WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
-                                   RoundBf16##Isa, PackBf16Pairs##Isa, ScaleRows##Isa,         \
+                                   RoundBf16##Isa, PackBf16Pairs##Isa, NarrowBf16##Isa,        \
+                                   ScaleRows##Isa,                                             \
                                    RowDot##Isa,    copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
@@ -118,8 +123,8 @@ constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     Gemm
                                     SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
                                     Bf16GemmAvx512,    Bf16PairsGemmAvx512, Bf16DotScoresAvx512,
                                     WidenBf16Avx512,   WidenF16Avx512,      CopyRowAvx512,
-                                    RoundBf16Avx512,   PackBf16PairsAvx512, ScaleRowsAvx512,
-                                    RowDotAvx512,      false};
+                                    RoundBf16Avx512,   PackBf16PairsAvx512, NarrowBf16Avx512,
+                                    ScaleRowsAvx512,   RowDotAvx512,        false};
 
 }  // namespace
 

@@ -155,6 +155,10 @@ struct TileOps {
   void (*round_bf16)(float* s, int64_t ld, int64_t rows, int64_t cols);
   void (*pack_bf16_pairs)(const float* s, int64_t ld, int64_t rows, int64_t cols, uint32_t* dst,
                           int64_t ldd);
+  // narrow_bf16 writes the rounded rows as bfloat16 bits, dst[r * ldd + c], a
+  // zero after an odd cols (rows of pairs for bf16_pairs_gemm's A, a_col = 1).
+  void (*narrow_bf16)(const float* s, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,
+                      int64_t ldd);
   void (*scale_rows)(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor,
                      float* dst, int64_t stride);
   float (*row_dot)(const float* a, const float* b, int64_t n);

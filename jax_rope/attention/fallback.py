@@ -145,9 +145,9 @@ def _exponentials(options, query, key, table, extras):
 
 
 def _product_operand(x, dtype):
-    """Probabilities as their product with the values takes them: rounded to bfloat16 for
-    bfloat16 inputs (the NPU's kernel rounds them so for its matrix unit, the CPU kernel
-    for its bf16 dot products), float32 otherwise."""
+    """Probabilities (and, in the backward, dS) as their products take them: rounded to
+    bfloat16 for bfloat16 inputs (the NPU's kernel rounds them so for its matrix unit, the
+    CPU kernel for its bf16 dot products), float32 otherwise."""
     if jnp.dtype(dtype) != jnp.bfloat16:
         return x
     return x.astype(jnp.bfloat16).astype(jnp.float32)
@@ -198,6 +198,7 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
     k = _to_bnsd(key, options).astype(jnp.float32)
     do = _to_bnsd(dout, options).astype(jnp.float32)
     group = q.shape[1] // k.shape[1]
+    ds = _product_operand(ds, query.dtype)
     dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1),
                                          visible)
 
@@ -205,7 +206,7 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
         return x.reshape((x.shape[0], k.shape[1], group) + x.shape[2:]).sum(axis=2)
 
     dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
-    weights = p if kept is None else p * kept
+    weights = _product_operand(p if kept is None else p * kept, query.dtype)
     dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", weights, do, visible))
     return tuple(_from_bnsd(g.astype(x.dtype), options)
                  for g, x in ((dq, query), (dk, key), (dv, value)))

@@ -213,7 +213,7 @@ void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) g
   std::printf("bf16_pairs_gemm %s: checked\n", name.c_str());
 }
 
-// TileOps::round_bf16 and pack_bf16_pairs, bit for bit against FromFloat (ties,
+// TileOps::round_bf16, pack_bf16_pairs and narrow_bf16, bit for bit against FromFloat (ties,
 // NaN, infinities, denormals among the values), and LoadRowPairs' finiteness.
 void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937& rng) {
   const float specials[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -0.0f, 0x1p-130f,
@@ -232,6 +232,8 @@ void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937
       ops.pack_bf16_pairs(s.data(), ld, rows, cols, pairs.data(), ld);
       std::vector<float> rounded = s;
       ops.round_bf16(rounded.data(), ld, rows, cols);
+      std::vector<uint16_t> narrow(rows * ld, 1);
+      ops.narrow_bf16(s.data(), ld, rows, cols, narrow.data(), ld);
       bool ok = true;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < ld; ++c) {
@@ -240,7 +242,9 @@ void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937
           const float got = rounded[r * ld + c];
           if (c < cols) {
             ok &= FloatBits(got) == FloatBits(ToFloat(BFloat16{want}));
+            ok &= narrow[r * ld + c] == want;
           } else {
+            ok &= narrow[r * ld + c] == (c == cols && cols % 2 != 0 ? 0 : 1);
             ok &= FloatBits(got) == FloatBits(x);  // nothing past cols
           }
           if (c < RoundUpToTile(cols)) {
@@ -251,7 +255,7 @@ void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937
         }
       }
       ++g_checks;
-      if (!ok) Fail("round_bf16 / pack_bf16_pairs " + name + " rows " + std::to_string(rows));
+      if (!ok) Fail("bf16 rounding routines " + name + " rows " + std::to_string(rows));
     }
   }
   std::vector<BFloat16> v(3 * 16, FromFloat<BFloat16>(1.0f));
