@@ -213,8 +213,9 @@ void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) g
   std::printf("bf16_pairs_gemm %s: checked\n", name.c_str());
 }
 
-// TileOps::round_bf16, pack_bf16_pairs and narrow_bf16, bit for bit against FromFloat (ties,
-// NaN, infinities, denormals among the values), and LoadRowPairs' finiteness.
+// TileOps::round_bf16, pack_bf16_pairs and narrow_bf16, bit for bit against
+// FromFloat (ties, NaN, infinities, denormals among the values), and
+// LoadRowPairs' finiteness.
 void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937& rng) {
   const float specials[] = {1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -0.0f, 0x1p-130f,
                             std::numeric_limits<float>::infinity(),
@@ -266,7 +267,9 @@ void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937
   }
   v[2 * 16 + 5] = FromFloat<BFloat16>(std::numeric_limits<float>::infinity());
   ++g_checks;
-  if (attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16)) Fail("LoadRowPairs missed an Inf");
+  if (attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16)) {
+    Fail("LoadRowPairs missed an Inf");
+  }
 }
 
 // A TileOps::bf16_dot_scores against a double-precision evaluation, scores
