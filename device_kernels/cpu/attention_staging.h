@@ -167,30 +167,19 @@ void LoadPairs(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_
   }
 }
 
-// A block of rows x cols as row pairs, TileOps::bf16_pairs_gemm's B:
-// dst[p * ld + c] = bits(src[2p][c]) | bits(src[2p + 1][c]) << 16, a row past
-// `rows` and columns up to RoundUpToTile(cols) zero. Whether every element is
-// finite. Only for bfloat16 blocks.
+// A block of rows x cols as row pairs, TileOps::bf16_pairs_gemm's B
+// (TileOps::pair_rows_bf16): dst[p * ld + c] = bits(src[2p][c]) |
+// bits(src[2p + 1][c]) << 16, a row past `rows` and columns up to
+// RoundUpToTile(cols) zero. Whether every element is finite. Only for bfloat16
+// blocks.
 template <typename T>
 bool LoadRowPairs(const T* src, int64_t stride, int64_t rows, int64_t cols, uint32_t* dst,
                   int64_t ld) {
-  uint32_t non_finite = 0;
   if constexpr (std::is_same_v<T, BFloat16>) {
-    const int64_t padded = RoundUpToTile(cols);
-    for (int64_t p = 0; 2 * p < rows; ++p) {
-      const T* even = src + 2 * p * stride;
-      const T* odd = 2 * p + 1 < rows ? even + stride : nullptr;
-      uint32_t* out = dst + p * ld;
-      for (int64_t c = 0; c < cols; ++c) {
-        const uint32_t hi = odd != nullptr ? odd[c].bits : 0u;
-        out[c] = uint32_t{even[c].bits} | hi << 16;
-        non_finite |= (even[c].bits & 0x7f80u) == 0x7f80u;
-        non_finite |= (hi & 0x7f80u) == 0x7f80u;
-      }
-      for (int64_t c = cols; c < padded; ++c) out[c] = 0;
-    }
+    return GetTileOps().pair_rows_bf16(reinterpret_cast<const uint16_t*>(src), stride, rows,
+                                       cols, dst, ld);
   }
-  return non_finite == 0;
+  return false;
 }
 
 // A block as a GEMM operand: float32 rows are used in place unless a B operand

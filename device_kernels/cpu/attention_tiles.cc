@@ -99,6 +99,10 @@ using namespace tile_simd;
                                uint32_t* dst, int64_t ldd) {                                   \
     PackRowPairsBf16(s, ld, rows, cols, dst, ldd);                                             \
   }                                                                                            \
+  attr bool PairRowsBf16##Isa(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols, \
+                              uint32_t* dst, int64_t ld) {                                     \
+    return PairRowsBf16(src, stride, rows, cols, dst, ld);                                     \
+  }                                                                                            \
   attr void NarrowBf16##Isa(const float* s, int64_t ld, int64_t rows, int64_t cols,            \
                             uint16_t* dst, int64_t ldd) {                                      \
     NarrowRowsToBf16(s, ld, rows, cols, dst, ldd);                                             \
@@ -108,7 +112,8 @@ using namespace tile_simd;
                                    SoftmaxGrad##Isa, DotScores##Isa, SoftmaxRows##Isa,         \
                                    nullptr,        nullptr,          nullptr,                  \
                                    WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
-                                   RoundBf16##Isa, PackBf16Pairs##Isa, NarrowBf16##Isa,        \
+                                   RoundBf16##Isa, PackBf16Pairs##Isa, PairRowsBf16##Isa,      \
+                                   NarrowBf16##Isa,                                            \
                                    ScaleRows##Isa,                                             \
                                    RowDot##Isa,    copy_b};
 
@@ -123,8 +128,9 @@ constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     Gemm
                                     SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
                                     Bf16GemmAvx512,    Bf16PairsGemmAvx512, Bf16DotScoresAvx512,
                                     WidenBf16Avx512,   WidenF16Avx512,      CopyRowAvx512,
-                                    RoundBf16Avx512,   PackBf16PairsAvx512, NarrowBf16Avx512,
-                                    ScaleRowsAvx512,   RowDotAvx512,        false};
+                                    RoundBf16Avx512,   PackBf16PairsAvx512, PairRowsBf16Avx512,
+                                    NarrowBf16Avx512,  ScaleRowsAvx512,     RowDotAvx512,
+                                    false};
 
 }  // namespace
 

@@ -155,6 +155,11 @@ struct TileOps {
   void (*round_bf16)(float* s, int64_t ld, int64_t rows, int64_t cols);
   void (*pack_bf16_pairs)(const float* s, int64_t ld, int64_t rows, int64_t cols, uint32_t* dst,
                           int64_t ldd);
+  // pair_rows_bf16: rows 2p and 2p + 1 of bfloat16 bits (row stride `stride`)
+  // as bf16_gemm's B pairs, dst[p * ld + c] (a row past `rows` and columns up to
+  // RoundUpToTile(cols) zero); whether every value is finite.
+  bool (*pair_rows_bf16)(const uint16_t* src, int64_t stride, int64_t rows, int64_t cols,
+                         uint32_t* dst, int64_t ld);
   // narrow_bf16 writes the rounded rows as bfloat16 bits, dst[r * ldd + c], a
   // zero after an odd cols (rows of pairs for bf16_pairs_gemm's A, a_col = 1).
   void (*narrow_bf16)(const float* s, int64_t ld, int64_t rows, int64_t cols, uint16_t* dst,

@@ -259,16 +259,27 @@ void CheckBf16Rounding(const TileOps& ops, const std::string& name, std::mt19937
       if (!ok) Fail("bf16 rounding routines " + name + " rows " + std::to_string(rows));
     }
   }
-  std::vector<BFloat16> v(3 * 16, FromFloat<BFloat16>(1.0f));
-  std::vector<uint32_t> pairs(2 * 16);
-  ++g_checks;
-  if (!attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16) || pairs[16] != v[0].bits) {
-    Fail("LoadRowPairs of finite rows");
+  // pair_rows_bf16: 5 rows of 21 columns (stride 24) into pairs of stride 32.
+  std::vector<uint16_t> v(5 * 24);
+  for (uint16_t& x : v) x = FromFloat<BFloat16>(std::uniform_real_distribution<float>()(rng)).bits;
+  std::vector<uint32_t> pairs(3 * 32, 1u);
+  bool ok = ops.pair_rows_bf16(v.data(), 24, 5, 21, pairs.data(), 32);
+  for (int64_t p = 0; p < 3; ++p) {
+    for (int64_t c = 0; c < 32; ++c) {
+      const uint32_t lo = c < 21 ? v[2 * p * 24 + c] : 0u;
+      const uint32_t hi = c < 21 && 2 * p + 1 < 5 ? v[(2 * p + 1) * 24 + c] : 0u;
+      ok &= pairs[p * 32 + c] == (c < RoundUpToTile(21) ? (lo | hi << 16) : 1u);
+    }
   }
-  v[2 * 16 + 5] = FromFloat<BFloat16>(std::numeric_limits<float>::infinity());
   ++g_checks;
-  if (attention::LoadRowPairs(v.data(), 16, 3, 16, pairs.data(), 16)) {
-    Fail("LoadRowPairs missed an Inf");
+  if (!ok) Fail("pair_rows_bf16 " + name);
+  for (uint16_t special : {uint16_t{0x7f80}, uint16_t{0xff80}, uint16_t{0x7fc1}}) {
+    std::vector<uint16_t> w = v;
+    w[4 * 24 + 20] = special;  // the last row, alone in its pair
+    ++g_checks;
+    if (ops.pair_rows_bf16(w.data(), 24, 5, 21, pairs.data(), 32)) {
+      Fail("pair_rows_bf16 " + name + " missed a non-finite value");
+    }
   }
 }
 
