@@ -54,7 +54,20 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     }
   }
   std::fill(dq_acc, dq_acc + group * band.q_len * ldq, 0.0f);
-  if (pack != nullptr) {
+  bool packed_rows = pack != nullptr;
+  if (pack != nullptr && bf16) {  // row pairs for the bf16 dot products, if all finite
+    const int64_t half = (band.q_len + 1) / 2;
+    for (int64_t j = 0; j < group && packed_rows; ++j) {
+      const int64_t n = h * group + j;
+      uint32_t* q_pairs = reinterpret_cast<uint32_t*>(pack) + j * half * (ws.ldp + ws.ldvp);
+      uint32_t* dout_pairs = q_pairs + half * ws.ldp;
+      packed_rows = LoadRowPairs(a.query + Offset(g.q, b, band.q_start, n), g.q.seq, band.q_len,
+                                 d, q_pairs, ws.ldp) &&
+                    LoadRowPairs(a.dout + Offset(g.out, b, band.q_start, n), g.out.seq,
+                                 band.q_len, dv, dout_pairs, ws.ldvp);
+      packed[j] = {Operand{nullptr, 0}, Operand{nullptr, 0}, q_pairs, dout_pairs};
+    }
+  } else if (pack != nullptr) {
     for (int64_t j = 0; j < group; ++j) {
       const int64_t n = h * group + j, rows = band.q_len;
       float* q_rows = pack + j * rows * (ws.ldp + ws.ldvp);
@@ -85,7 +98,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
         if (tile_mask == TileMask::kAll) continue;
         const bool full =
             KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, nc, ops, ws, bf16,
-                         pack != nullptr ? &packed[n - h * group] : nullptr,
+                         packed_rows ? &packed[n - h * group] : nullptr,
                          tile_mask == TileMask::kSome, ws.acc1, ws.acc2);
         if (pairs) {  // dS rounded to bfloat16 rows of key pairs (ws.keep, free now)
           uint16_t* ds_rows = reinterpret_cast<uint16_t*>(ws.keep);
@@ -144,9 +157,13 @@ void AttentionBackwardFused(const AttentionGeometry& g, const SequenceBand* seqs
   }
   const int64_t group = g.q_heads / g.kv_heads;
   const ThreadScratch dq_acc(ScratchRole::kAccumulator, group * longest * ws.ldp);
-  const int64_t pack_floats = group * longest * (ws.ldp + ws.ldvp);
-  const bool pack =
-      !Bf16Products<T>(g, ops) && pack_floats * int64_t{sizeof(float)} <= kMaxPackedRowsBytes;
+  // bfloat16: row pairs (half the rows) where the bf16 dot products run them;
+  // otherwise the rows read per tile as bfloat16.
+  const bool pairs = Bf16Products<T>(g, ops) && ops.bf16_pairs_gemm != nullptr;
+  const int64_t pack_rows_per_head = pairs ? (longest + 1) / 2 : longest;
+  const int64_t pack_floats = group * pack_rows_per_head * (ws.ldp + ws.ldvp);
+  const bool pack = (pairs || !Bf16Products<T>(g, ops)) &&
+                    pack_floats * int64_t{sizeof(float)} <= kMaxPackedRowsBytes;
   const ThreadScratch pack_rows(ScratchRole::kPackedRows, pack ? pack_floats : 0);
   std::vector<PackedRows> packed(group);
   for (int64_t t = begin; t < end; ++t) {

@@ -97,10 +97,13 @@ struct KeyBlock {
 };
 
 // The query and dout rows of a head as B operands copied once for all the key
-// blocks that read them (the fused backward, where the instruction set copies
-// B blocks): rows q_len x dp and q_len x dvp.
+// blocks that read them (the fused backward): float32 rows q_len x dp and
+// q_len x dvp, or for the bf16 dot products (pairs) finite row pairs
+// (LoadRowPairs), row strides dp and dvp.
 struct PackedRows {
   Operand query, dout;
+  const uint32_t* query_pairs = nullptr;
+  const uint32_t* dout_pairs = nullptr;
 };
 
 // One (query head n, query block r0) tile of a key block [c0, c0 + nc) in the
@@ -135,14 +138,18 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   // bfloat16: P and dS go into the dV and dK products rounded to bfloat16 (as
   // the NPU's kernel rounds them for its matrix unit), on the bf16 dot products
   // when the query and dout rows are finite (as row pairs in ws.n1 / ws.n2).
-  uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.n1);
-  uint32_t* dout_pairs = reinterpret_cast<uint32_t*>(ws.n2);
-  bool pairs = bf16 && ops.bf16_pairs_gemm != nullptr && packed == nullptr;
+  const uint32_t* q_pairs = reinterpret_cast<uint32_t*>(ws.n1);
+  const uint32_t* dout_pairs = reinterpret_cast<uint32_t*>(ws.n2);
+  bool pairs = packed != nullptr && packed->query_pairs != nullptr;
   if (pairs) {
+    q_pairs = packed->query_pairs + r0 / 2 * ws.ldp;
+    dout_pairs = packed->dout_pairs + r0 / 2 * ws.ldvp;
+  } else if (bf16 && ops.bf16_pairs_gemm != nullptr && packed == nullptr) {
     next_query.FetchAll();
     next_dout.FetchAll();
-    pairs = LoadRowPairs(query, g.q.seq, nr, d, q_pairs, ws.ldp) &&
-            LoadRowPairs(dout_rows, g.out.seq, nr, dv, dout_pairs, ws.ldvp);
+    pairs = LoadRowPairs(query, g.q.seq, nr, d, reinterpret_cast<uint32_t*>(ws.n1), ws.ldp) &&
+            LoadRowPairs(dout_rows, g.out.seq, nr, dv, reinterpret_cast<uint32_t*>(ws.n2),
+                         ws.ldvp);
   }
   const Operand q = pairs ? Operand{nullptr, 0}
                     : packed != nullptr
