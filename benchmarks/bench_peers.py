@@ -15,6 +15,7 @@ Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi 
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
 Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
 the FMA peak, the largest ratio any implementation could show against torch on this machine.
+bfloat16 rows take the peak of the CPU's bf16 dot instruction (vdpbf16ps) where it has one.
 
 FLOPs count only visible (query, key) pairs: forward 4 * D * pairs per head; forward +
 backward 3.5x that (the backward is 2.5 forwards: FlashAttention's convention).
@@ -298,12 +299,21 @@ def measure_row(row, repeats):
     return {name: results[name] for name in order}
 
 
+def peak(row, limits):
+    """(GFLOP/s, name) of the row's compute peak: bfloat16 rows against the bf16 dot
+    instruction's where the CPU has one (twice the multiply-adds of a float32 FMA)."""
+    if row.dtype == "bfloat16" and limits.get("bf16_gflops"):
+        return limits["bf16_gflops"], "bf16 peak"
+    return limits["fma_gflops"], "peak"
+
+
 def describe_rate(row, ms, limits):
     if row.memory_bound:
         gbps = row.kv_bytes / ms / 1e6
         return f"{gbps:7.1f} GB/s K/V = {gbps / limits['copy_gbps']:4.2f} of copy"
     gflops = row.flops / ms / 1e6
-    return f"{gflops:7.1f} GFLOP/s = {gflops / limits['fma_gflops']:4.2f} of peak"
+    top, name = peak(row, limits)
+    return f"{gflops:7.1f} GFLOP/s = {gflops / top:4.2f} of {name}"
 
 
 def report_row(row, results, limits):
@@ -328,10 +338,11 @@ def report_row(row, results, limits):
     torch_ms = results.get("torch")
     if not row.memory_bound and isinstance(torch_ms, float):
         # The most any implementation could reach against torch here: all of the
-        # counted FLOPs at the FMA peak (fp32 peak also for bfloat16 rows).
-        ceiling = torch_ms / (row.flops / limits["fma_gflops"] / 1e6)
-        print(f"  ceiling    {ceiling:.2f}x torch at the FMA peak (a ratio r needs "
-              f"r x {1 / ceiling:.2f} of peak)")
+        # counted FLOPs at the row's peak.
+        top, name = peak(row, limits)
+        ceiling = torch_ms / (row.flops / top / 1e6)
+        print(f"  ceiling    {ceiling:.2f}x torch at the {name} (a ratio r needs "
+              f"r x {1 / ceiling:.2f} of {name})")
     return ratios
 
 
@@ -386,8 +397,9 @@ def main() -> None:
     peer = f"torch {torch.__version__} ({torch.get_num_threads()} threads)" if torch else \
         "torch missing (pip install 'jax_rope[bench]')"
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), {peer}")
+    bf16 = f", bf16 dot peak {limits['bf16_gflops']:.1f}" if limits.get("bf16_gflops") else ""
     print(f"machine: {limits['threads']} threads, {limits['isa']} FMA peak "
-          f"{limits['fma_gflops']:.1f} GFLOP/s, copy {limits['copy_gbps']:.1f} GB/s "
+          f"{limits['fma_gflops']:.1f} GFLOP/s{bf16}, copy {limits['copy_gbps']:.1f} GB/s "
           "(read + written)")
     # The training rows allocate their outputs anew each call (README: small steps in a loop).
     print(f"malloc settings in the environment: {allocator.environment()}")

@@ -1,6 +1,6 @@
 """The machine's own limits, measured in the benchmark's run: the float32 FMA peak of a
-register-only AVX-512/AVX2 loop and a copy's GB/s, both on every core
-(benchmarks/machine_limits.cc).
+register-only AVX-512/AVX2 loop, the same for the bfloat16 dot instruction where the CPU has
+it, and a copy's GB/s, all on every core (benchmarks/machine_limits.cc).
 
 The program is compiled at benchmark time with the project's C++ compiler: the one CMake
 recorded for the extension build (build/*/CMakeCache.txt), else $CXX, else c++; flags
@@ -46,7 +46,8 @@ def build() -> str:
 
 
 def measure(threads: int | None = None, copy_mib: int = 256) -> dict:
-    """{"isa", "threads", "fma_gflops", "copy_gbps", "copy_mib"}: best of a few runs each.
+    """{"isa", "threads", "fma_gflops", "bf16_gflops" (0 without AVX512_BF16), "copy_gbps",
+    "copy_mib"}: best of a few runs each.
 
     copy_gbps counts bytes read plus bytes written, per second.
     """

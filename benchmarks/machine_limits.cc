@@ -1,6 +1,8 @@
 // The machine's own limits, for the benchmarks' "fraction of peak" columns:
 //   fma:  float32 FMA throughput of a register-only loop (no memory traffic), the
 //         widest of AVX-512 / AVX2+FMA the CPU has, on every core at once;
+//   bf16: the same for AVX512_BF16's vdpbf16ps (bfloat16 pairs multiplied and
+//         added into float32 lanes), where the CPU has it (else 0);
 //   copy: memcpy between two buffers already faulted in (read + write bytes / s),
 //         on every core at once, each thread on its own slice.
 // Built by benchmarks/machine.py with the project's compiler (the one CMake found)
@@ -54,6 +56,22 @@ __attribute__((target("avx2,fma"))) double FmaAvx2(long iters, float seed, float
   return 2.0 * 8 * kAcc * static_cast<double>(iters);
 }
 
+__attribute__((target("avx512f,avx512bf16"))) double DotBf16(long iters, float seed,
+                                                            float* sink) {
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed + i);
+  const __m512bh a = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.999f), _mm512_set1_ps(1e-3f));
+  const __m512bh b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3f), _mm512_set1_ps(-0.999f));
+  for (long n = 0; n < iters; ++n) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  *sink = _mm512_reduce_add_ps(sum);
+  return 2.0 * 32 * kAcc * static_cast<double>(iters);
+}
+
 // Runs body(thread) on `threads` threads at once; returns the wall seconds.
 template <typename Body>
 double OnAllThreads(int threads, Body body) {
@@ -75,30 +93,32 @@ int main(int argc, char** argv) {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const char* isa = avx512 ? "avx512" : avx2 ? "avx2" : "none";
 
-  double fma_gflops = 0.0;
+  const bool bf16 = avx512 && __builtin_cpu_supports("avx512bf16");
+  // Best of 10 spread over a second: the machine may be shared, and on a VM a
+  // core can be away for a while (started right after another benchmark's
+  // process had ended, a best of 10 back to back read half the peak).
+  auto run = [&](auto loop, long iters, std::chrono::milliseconds pause) {
+    double best = 0.0;
+    for (int rep = 0; rep < 10; ++rep) {
+      if (rep > 0) std::this_thread::sleep_for(pause);
+      std::vector<double> flops(threads);
+      std::vector<float> sink(threads);
+      const double seconds = OnAllThreads(threads, [&](int t) {
+        flops[t] = loop(iters, 1.0f + t, &sink[t]);
+      });
+      double total = 0.0;
+      for (double f : flops) total += f;
+      best = std::max(best, total / seconds / 1e9);
+    }
+    return best;
+  };
+  double fma_gflops = 0.0, bf16_gflops = 0.0;
   if (avx512 || avx2) {
-    // Best of 10 spread over a second: the machine may be shared, and on a VM a
-    // core can be away for a while (started right after another benchmark's
-    // process had ended, a best of 10 back to back read half the peak).
-    auto run = [&](long iters, std::chrono::milliseconds pause) {
-      double best = 0.0;
-      for (int rep = 0; rep < 10; ++rep) {
-        if (rep > 0) std::this_thread::sleep_for(pause);
-        std::vector<double> flops(threads);
-        std::vector<float> sink(threads);
-        const double seconds = OnAllThreads(threads, [&](int t) {
-          flops[t] = avx512 ? FmaAvx512(iters, 1.0f + t, &sink[t])
-                            : FmaAvx2(iters, 1.0f + t, &sink[t]);
-        });
-        double total = 0.0;
-        for (double f : flops) total += f;
-        best = std::max(best, total / seconds / 1e9);
-      }
-      return best;
-    };
-    run(1 << 16, std::chrono::milliseconds(0));  // warm up (clocks, thread start-up)
-    fma_gflops = run(1 << 22, std::chrono::milliseconds(100));
+    auto fma = avx512 ? FmaAvx512 : FmaAvx2;
+    run(fma, 1 << 16, std::chrono::milliseconds(0));  // warm up (clocks, thread start-up)
+    fma_gflops = run(fma, 1 << 22, std::chrono::milliseconds(100));
   }
+  if (bf16) bf16_gflops = run(DotBf16, 1 << 21, std::chrono::milliseconds(100));
 
   // Copy: buffers touched first (no page faults in the timing), best of 7.
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
@@ -112,8 +132,8 @@ int main(int argc, char** argv) {
     copy_gbps = std::max(copy_gbps, 2.0 * copy_bytes / seconds / 1e9);
   }
   std::printf(
-      "{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.1f, \"copy_gbps\": %.2f, "
-      "\"copy_mib\": %zu, \"check\": %d}\n",
-      isa, threads, fma_gflops, copy_gbps, copy_bytes >> 20, dst[copy_bytes / 2]);
+      "{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.1f, \"bf16_gflops\": %.1f, "
+      "\"copy_gbps\": %.2f, \"copy_mib\": %zu, \"check\": %d}\n",
+      isa, threads, fma_gflops, bf16_gflops, copy_gbps, copy_bytes >> 20, dst[copy_bytes / 2]);
   return 0;
 }
