@@ -341,8 +341,8 @@ def report_row(row, results, limits):
         # counted FLOPs at the row's peak.
         top, name = peak(row, limits)
         ceiling = torch_ms / (row.flops / top / 1e6)
-        print(f"  ceiling    {ceiling:.2f}x torch at the {name} (a ratio r needs "
-              f"r x {1 / ceiling:.2f} of {name})")
+        print(f"  ceiling    {ceiling:.2f}x torch at the {'FMA peak' if name == 'peak' else name} "
+              f"(a ratio r needs r x {1 / ceiling:.2f} of {name})")
     return ratios
 
 
