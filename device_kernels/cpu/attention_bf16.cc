@@ -19,30 +19,6 @@
 namespace jax_rope::cpu {
 namespace {
 
-// C[MR x NV vectors] = A[MR x 2 kp] * B (pairs), C held in registers.
-template <int MR, int NV>
-JAX_ROPE_BF16 inline __attribute__((always_inline)) void Micro(
-    int64_t kp, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb, float* c,
-    int64_t ldc) {
-  __m512 acc[MR][NV];
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
-  for (int64_t p = 0; p < kp; ++p) {
-    __m512bh bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * ldb + j * 16);
-    for (int i = 0; i < MR; ++i) {
-      uint32_t pair;
-      std::memcpy(&pair, a + i * lda + 2 * p, sizeof(pair));
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NV; ++j) _mm512_storeu_ps(c + i * ldc + j * 16, acc[i][j]);
-  }
-}
-
 // C[MR x NV vectors] (+)= A * B (pairs), A's pair p of row i at
 // a[i * a_row + p * a_col].
 template <int MR, int NV>
@@ -60,7 +36,9 @@ JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroPairs(
     for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + p * ldb + j * 16);
     const uint32_t* ap = a + p * a_col;
     for (int i = 0; i < MR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[i * a_row]));
+      uint32_t pair;  // (a may be bfloat16 rows: read as bytes, not as a uint32_t object)
+      std::memcpy(&pair, ap + i * a_row, sizeof(pair));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], av, bv[j]);
     }
   }
@@ -84,19 +62,6 @@ JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroPairsEdge(
     }
   }
   MicroPairs<MR, NV>(kp, a, a_row, a_col, b, ldb, c, ldc, accumulate);
-}
-
-template <int MR, int NV>
-JAX_ROPE_BF16 inline __attribute__((always_inline)) void MicroEdge(
-    int mr, int nv, int64_t kp, const uint16_t* a, int64_t lda, const uint32_t* b, int64_t ldb,
-    float* c, int64_t ldc) {
-  if constexpr (MR > 1) {
-    if (mr < MR) return MicroEdge<MR - 1, NV>(mr, nv, kp, a, lda, b, ldb, c, ldc);
-  }
-  if constexpr (NV > 1) {
-    if (nv < NV) return MicroEdge<MR, NV - 1>(mr, nv, kp, a, lda, b, ldb, c, ldc);
-  }
-  Micro<MR, NV>(kp, a, lda, b, ldb, c, ldc);
 }
 
 // RB query rows x (16 / RB) keys per register block: 16 accumulators of pair
@@ -163,27 +128,6 @@ JAX_ROPE_BF16 void Bf16DotScoresAvx512(int64_t keys, int64_t rows, int64_t kp, c
 #undef JAX_ROPE_DOT
 }
 
-JAX_ROPE_BF16 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a,
-                                  int64_t lda, const uint32_t* b, int64_t ldb, float* c,
-                                  int64_t ldc) {
-  constexpr int kMr = 4, kNv = 4;
-  const int64_t vectors = (n + 15) / 16;
-  for (int64_t j0 = 0; j0 < vectors; j0 += kNv) {
-    const int nv = static_cast<int>(vectors - j0 < kNv ? vectors - j0 : kNv);
-    for (int64_t i0 = 0; i0 < m; i0 += kMr) {
-      const int mr = static_cast<int>(m - i0 < kMr ? m - i0 : kMr);
-      const uint16_t* ai = a + i0 * lda;
-      const uint32_t* bj = b + j0 * 16;
-      float* cij = c + i0 * ldc + j0 * 16;
-      if (mr == kMr && nv == kNv) {
-        Micro<kMr, kNv>(kp, ai, lda, bj, ldb, cij, ldc);
-      } else {
-        MicroEdge<kMr, kNv>(mr, nv, kp, ai, lda, bj, ldb, cij, ldc);
-      }
-    }
-  }
-}
-
 JAX_ROPE_BF16 void Bf16PairsGemmAvx512(int64_t m, int64_t n, int64_t kp, const uint32_t* a,
                                        int64_t a_row, int64_t a_col, const uint32_t* b,
                                        int64_t ldb, float* c, int64_t ldc, bool accumulate) {
@@ -203,6 +147,15 @@ JAX_ROPE_BF16 void Bf16PairsGemmAvx512(int64_t m, int64_t n, int64_t kp, const u
       }
     }
   }
+}
+
+// bf16_gemm is the pairs GEMM with A's rows read in place as pairs (lda even:
+// its callers' rows are of an even head_dim).
+JAX_ROPE_BF16 void Bf16GemmAvx512(int64_t m, int64_t n, int64_t kp, const uint16_t* a,
+                                  int64_t lda, const uint32_t* b, int64_t ldb, float* c,
+                                  int64_t ldc) {
+  Bf16PairsGemmAvx512(m, n, kp, reinterpret_cast<const uint32_t*>(a), lda / 2, 1, b, ldb, c, ldc,
+                      false);
 }
 
 }  // namespace jax_rope::cpu

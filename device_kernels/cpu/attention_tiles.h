@@ -114,7 +114,8 @@ struct TileOps {
 
   // bfloat16 products with the CPU's bf16 dot instruction (AVX512_BF16
   // vdpbf16ps: exact products, float32 sums); nullptr where it is missing.
-  // C[m x n] = A[m x 2 kp] * B[2 kp x n]: A is bfloat16 bits, row stride lda;
+  // C[m x n] = A[m x 2 kp] * B[2 kp x n]: A is bfloat16 bits, row stride lda
+  // (even: bf16_pairs_gemm reads A's rows as pairs);
   // B comes as column pairs, b[p * ldb + j] = B[2p][j] | B[2p + 1][j] << 16,
   // readable up to column RoundUpToTile(n), which C is written to.
   void (*bf16_gemm)(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
