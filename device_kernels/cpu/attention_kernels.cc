@@ -15,8 +15,11 @@
 // out the strips of it that are masked throughout (ForEachVisibleStrip).
 // The rows of the next key block (dkey/dvalue items: query block) are
 // prefetched while a block is computed: one head's rows lie a page apart, where
-// hardware prefetchers stop. bfloat16 forward scores use the CPU's bf16 dot
-// products where it has them (TileOps::bf16_gemm, keys read in place).
+// hardware prefetchers stop. bfloat16 runs every product on the CPU's bf16 dot
+// products where it has them (TileOps::bf16_gemm for scores, keys read in
+// place; bf16_pairs_gemm for P V, dV, dK and dQ, the probabilities and dS
+// rounded to bfloat16 as the NPU's kernel rounds them); elsewhere the float32
+// products take the same rounded values.
 // Short query blocks have their own forward (attention_split.cc); the backward
 // items are in attention_backward.cc and attention_backward_fused.cc, what all
 // use in attention_items.h.
