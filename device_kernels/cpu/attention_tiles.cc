@@ -89,6 +89,9 @@ using namespace tile_simd;
                            float factor, float* dst, int64_t stride) {                         \
     ScaleRows(src, ld, rows, cols, factor, dst, stride);                                       \
   }                                                                                            \
+  attr void MaskRow##Isa(float* x, const uint8_t* masked, int64_t n) {                         \
+    MaskRow(x, masked, n);                                                                     \
+  }                                                                                            \
   attr float RowDot##Isa(const float* a, const float* b, int64_t n) {                          \
     return RowDot8(a, b, n);                                                                   \
   }                                                                                            \
@@ -114,7 +117,7 @@ using namespace tile_simd;
                                    WidenBf16##Isa, WidenF16##Isa,    CopyRow##Isa,             \
                                    RoundBf16##Isa, PackBf16Pairs##Isa, PairRowsBf16##Isa,      \
                                    NarrowBf16##Isa,                                            \
-                                   ScaleRows##Isa,                                             \
+                                   ScaleRows##Isa, MaskRow##Isa,                               \
                                    RowDot##Isa,    copy_b};
 
 JAX_ROPE_TILE_OPS(Avx512, __attribute__((target("avx512f,avx2,fma"))), false)
@@ -129,8 +132,8 @@ constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     Gemm
                                     Bf16GemmAvx512,    Bf16PairsGemmAvx512, Bf16DotScoresAvx512,
                                     WidenBf16Avx512,   WidenF16Avx512,      CopyRowAvx512,
                                     RoundBf16Avx512,   PackBf16PairsAvx512, PairRowsBf16Avx512,
-                                    NarrowBf16Avx512,  ScaleRowsAvx512,     RowDotAvx512,
-                                    false};
+                                    NarrowBf16Avx512,  ScaleRowsAvx512,     MaskRowAvx512,
+                                    RowDotAvx512,      false};
 
 }  // namespace
 

@@ -167,6 +167,8 @@ struct TileOps {
                       int64_t ldd);
   void (*scale_rows)(const float* src, int64_t ld, int64_t rows, int64_t cols, float factor,
                      float* dst, int64_t stride);
+  // x[j] = -inf where masked[j] != 0, j < n (a score row under an element mask).
+  void (*mask_row)(float* x, const uint8_t* masked, int64_t n);
   float (*row_dot)(const float* a, const float* b, int64_t n);
 
   // Whether the kernels copy a float32 block into contiguous rows before a GEMM

@@ -64,6 +64,26 @@ void CheckWiden(void (*widen)(const uint16_t*, int64_t, int64_t, int64_t, float*
 // rounding of a float64 sum, on ragged lengths.
 void CheckRowOps(const TileOps& ops, const std::string& isa, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  // mask_row: -inf exactly where a mask byte is nonzero (any nonzero value), the
+  // rest untouched bit for bit (NaN and Inf too), nothing past n.
+  for (int64_t n : {1, 15, 16, 17, 64, 100}) {
+    std::vector<float> x(n + 4), before;
+    std::vector<uint8_t> masked(n + 4);
+    for (size_t j = 0; j < x.size(); ++j) {
+      x[j] = j % 7 == 3 ? std::numeric_limits<float>::quiet_NaN()
+             : j % 11 == 5 ? std::numeric_limits<float>::infinity() : u(rng);
+      masked[j] = static_cast<uint8_t>(rng() % 3 == 0 ? 1 + rng() % 255 : 0);
+    }
+    before = x;
+    ops.mask_row(x.data(), masked.data(), n);
+    bool ok = true;
+    for (size_t j = 0; j < x.size(); ++j) {
+      const bool hit = static_cast<int64_t>(j) < n && masked[j] != 0;
+      ok &= FloatBits(x[j]) == (hit ? 0xff800000u : FloatBits(before[j]));
+    }
+    ++g_checks;
+    if (!ok) Fail("mask_row " + isa + " n " + std::to_string(n));
+  }
   for (int64_t cols : {1, 7, 8, 16, 37, 128, 257}) {
     const int64_t padded = RoundUpToTile(cols);
     std::vector<float> src(cols), dst(padded + 8);
