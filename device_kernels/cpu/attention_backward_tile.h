@@ -19,6 +19,8 @@
 
 namespace jax_rope::cpu::attention {
 
+static_assert(kBlockMax <= kMaxTile, "MaskTile copies a tile's mask block of kMaxTile^2 bytes");
+
 // sum_c a[c] * b[c] in float32, as kLanes partial sums (element c into sum c %
 // kLanes) added in a fixed order at the end: independent chains the compiler
 // vectorizes, where one running sum waits on each add in turn (D = 256: a

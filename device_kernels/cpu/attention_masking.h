@@ -46,16 +46,17 @@ inline TileMask ElementMaskOf(const ElementMask& mask, int64_t b, int64_t n, int
   return some_clear ? TileMask::kSome : TileMask::kAll;
 }
 
+// The largest tile side MaskTile takes (every kernel's blocks are 64).
+inline constexpr int64_t kMaxTile = 64;
+
 // Sets the masked positions of a tile of rows [r0, r0 + nr) x columns
-// [c0, c0 + nc) to -inf, and its padding (along the stored rows, up to
+// [c0, c0 + nc) (nr, nc <= kMaxTile) to -inf, and its padding (along the stored rows, up to
 // RoundUpToTile) too unless !pad (a head's columns inside a packed tile).
 // transposed: keys along the stored rows. elements: whether the element mask
 // is applied (false for a tile it leaves clear, ElementMaskOf).
 inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, int64_t n,
                      int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* s, int64_t ld,
                      bool transposed, bool pad = true, bool elements = true) {
-  const int64_t q_step = transposed ? 1 : ld;
-  const int64_t k_step = transposed ? ld : 1;
   const int64_t stored_rows = transposed ? nc : nr;
   const int64_t used = transposed ? nr : nc;
   for (int64_t r = 0; r < stored_rows && pad; ++r) {
@@ -69,21 +70,25 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
   const auto hi = [&](int64_t i) {
     return std::clamp<int64_t>(band.Hi(r0 + i) - c0 + 1, lo(i), nc);
   };
+  // Masked positions by stored row, each in vectors (TileOps::mask_row: bit
+  // operations, no branch for an irregular mask to mispredict). A stored row
+  // reads its mask bytes in place when they lie along it (a tile by query rows,
+  // mask.col == 1); otherwise the tile's mask block is first copied into
+  // stored-row order (a transposed tile: keys x queries). Done element by
+  // element down the forward's transposed tiles, a random mask had the S2048
+  // forward take 114-124 ms against 86-88 without it.
   const TileOps& ops = GetTileOps();
   const uint8_t* mask_rows =
       by_elements ? mask.data + b * mask.batch + n * mask.head + r0 * mask.row + c0 * mask.col
                   : nullptr;
-  // A transposed tile takes its mask block transposed first (keys x queries
-  // bytes), so that each stored row is masked in vectors: done element by
-  // element down the tile's columns, a random mask had the S2048 forward take
-  // 130 ms against 93-95 without it.
-  constexpr int64_t kMaxBlock = 64;
-  uint8_t masked_by_key[kMaxBlock * kMaxBlock];
-  const bool rows_of_keys = transposed && by_elements && nc <= kMaxBlock && nr <= kMaxBlock;
-  if (rows_of_keys) {
+  const bool in_place = !transposed && mask.col == 1;
+  uint8_t stored[kMaxTile * kMaxTile];
+  if (by_elements && !in_place) {
     for (int64_t i = 0; i < nr; ++i) {
       const uint8_t* m = mask_rows + i * mask.row;
-      for (int64_t j = 0; j < nc; ++j) masked_by_key[j * nr + i] = m[j * mask.col];
+      for (int64_t j = 0; j < nc; ++j) {
+        stored[transposed ? j * nr + i : i * nc + j] = m[j * mask.col];
+      }
     }
   }
   if (transposed) {  // by stored (key) rows: column j is seen by rows [first, end)
@@ -93,37 +98,20 @@ inline void MaskTile(const Band& band, const AttentionGeometry& g, int64_t b, in
       float* row = s + j * ld;
       std::fill(row, row + first, kNegInf);
       std::fill(row + std::max(first, end), row + nr, kNegInf);
-      if (rows_of_keys && first < end) {
-        ops.mask_row(row + first, masked_by_key + j * nr + first, end - first);
+      if (by_elements && first < end) {
+        ops.mask_row(row + first, stored + j * nr + first, end - first);
       }
     }
-    if (rows_of_keys) return;
+    return;
   }
   for (int64_t i = 0; i < nr; ++i) {
     const int64_t row_lo = lo(i), row_hi = hi(i);
-    float* row = s + i * q_step;
-    if (!transposed) {
-      for (int64_t j = 0; j < row_lo; ++j) row[j * k_step] = kNegInf;
-      for (int64_t j = row_hi; j < nc; ++j) row[j * k_step] = kNegInf;
-    }
+    float* row = s + i * ld;
+    std::fill(row, row + row_lo, kNegInf);
+    std::fill(row + row_hi, row + nc, kNegInf);
     if (!by_elements) continue;
-    if (!transposed && mask.col == 1) {  // a stored row against its mask row
-      ops.mask_row(row + row_lo, mask_rows + i * mask.row + row_lo, row_hi - row_lo);
-      continue;
-    }
-    const uint8_t* m = mask.data + b * mask.batch + n * mask.head + (r0 + i) * mask.row;
-    // Bit operations, not a branch (GCC makes a branch of a select here),
-    // which an irregular mask mispredicts: a random one had this loop take a
-    // quarter of the S2048 forward's samples.
-    constexpr uint32_t kNegInfBits = 0xff800000u;
-    for (int64_t j = row_lo; j < row_hi; ++j) {
-      float* x = row + j * k_step;
-      const uint32_t masked = 0u - static_cast<uint32_t>(m[(c0 + j) * mask.col] != 0);
-      uint32_t bits;
-      std::memcpy(&bits, x, sizeof bits);
-      bits = (bits & ~masked) | (kNegInfBits & masked);
-      std::memcpy(x, &bits, sizeof bits);
-    }
+    const uint8_t* m = in_place ? mask_rows + i * mask.row : stored + i * nc;
+    ops.mask_row(row + row_lo, m + row_lo, row_hi - row_lo);
   }
 }
 

@@ -41,6 +41,8 @@ namespace {
 using namespace attention;
 using namespace split_forward;
 
+static_assert(kBlock <= kMaxTile, "MaskTile copies a tile's mask block of kMaxTile^2 bytes");
+
 // Rows of one head per step in memory order (decode: 8 and 16 as fast; with 8
 // the GEMM scores of 32-row groups, Sq 8 x G 4, were 15% slower on one core).
 constexpr int64_t kSubRows = 16;
