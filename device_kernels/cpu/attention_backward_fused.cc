@@ -105,10 +105,10 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
           ops.narrow_bf16(ws.dprob, kBlockK, nr, nc, ds_rows, kBlockK);
           ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                        int64_t j0, int64_t nj) {
-            const int64_t first = j0 / 2, kp = (std::min(j0 + nj, nc) + 1) / 2 - first;
-            ops.bf16_pairs_gemm(ni, d, kp,
-                                reinterpret_cast<const uint32_t*>(ds_rows + i0 * kBlockK) + first,
-                                kBlockK / 2, 1, key_pairs + first * ws.ldp, ws.ldp,
+            const PairSpan p = PairsOf(j0, nj, nc);
+            ops.bf16_pairs_gemm(ni, d, p.count,
+                                reinterpret_cast<const uint32_t*>(ds_rows + i0 * kBlockK) + p.first,
+                                kBlockK / 2, 1, key_pairs + p.first * ws.ldp, ws.ldp,
                                 dq_head + (r0 + i0) * ldq, ldq, true);
           });
           continue;

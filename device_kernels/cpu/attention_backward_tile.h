@@ -187,19 +187,19 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   ops.softmax_grad(ws.s, ws.dprob, kBlockK, nr, ncp, scale, ws.max, ws.sum, ws.delta, false);
   if (dropout) ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockK, false);
   const bool full = band.Covers(r0, nr, c0, nc) && !elements;
-  if (pairs) {  // query pairs of P and dS (ws.keep, free now), a strip widened to whole pairs
+  if (pairs) {  // query pairs of P and dS (ws.keep, free now)
     uint32_t* p_pairs = reinterpret_cast<uint32_t*>(ws.keep);
     uint32_t* ds_pairs = p_pairs + kBlockQ / 2 * kBlockK;
     ops.pack_bf16_pairs(ws.s, kBlockK, nr, nc, p_pairs, kBlockK);
     ops.pack_bf16_pairs(ws.dprob, kBlockK, nr, nc, ds_pairs, kBlockK);
     ForEachVisibleStrip(band, r0, nr, c0, nc, true, false, [&](int64_t j0, int64_t nj,
                                                                 int64_t i0, int64_t ni) {
-      const int64_t first = i0 / 2, kp = (std::min(i0 + ni, nr) + 1) / 2 - first;
-      ops.bf16_pairs_gemm(nj, dv, kp, p_pairs + first * kBlockK + j0, 1, kBlockK,
-                          dout_pairs + first * ws.ldvp, ws.ldvp, dval + j0 * ws.ldvp, ws.ldvp,
+      const PairSpan p = PairsOf(i0, ni, nr);
+      ops.bf16_pairs_gemm(nj, dv, p.count, p_pairs + p.first * kBlockK + j0, 1, kBlockK,
+                          dout_pairs + p.first * ws.ldvp, ws.ldvp, dval + j0 * ws.ldvp, ws.ldvp,
                           true);
-      ops.bf16_pairs_gemm(nj, d, kp, ds_pairs + first * kBlockK + j0, 1, kBlockK,
-                          q_pairs + first * ws.ldp, ws.ldp, dk + j0 * ws.ldp, ws.ldp, true);
+      ops.bf16_pairs_gemm(nj, d, p.count, ds_pairs + p.first * kBlockK + j0, 1, kBlockK,
+                          q_pairs + p.first * ws.ldp, ws.ldp, dk + j0 * ws.ldp, ws.ldp, true);
     });
     return full;
   }

@@ -189,11 +189,22 @@ inline void TransposedTileProduct(const TileOps& ops, const Band& band, const At
   });
 }
 
+// The pairs a strip of depth [p0, p0 + np) of a tile `depth` deep takes in
+// the bf16 products: widened to whole pairs; the positions it takes in besides
+// its own are zeros of the tile (masked, or past `depth`).
+struct PairSpan {
+  int64_t first, count;
+};
+inline PairSpan PairsOf(int64_t p0, int64_t np, int64_t depth) {
+  const int64_t first = p0 / 2;
+  return {first, (std::min(p0 + np, depth) + 1) / 2 - first};
+}
+
 // TransposedTileProduct on bfloat16 pairs (TileOps::bf16_pairs_gemm): the
 // tile (keys x queries, every masked position an exact 0) rounded into pairs of
 // keys in `pairs` (row stride ld), times a finite value block as row pairs
-// (LoadRowPairs, row stride ldv). A strip's key range is widened to whole
-// pairs: the keys it takes in are zeros of the tile.
+// (LoadRowPairs, row stride ldv), a strip's keys widened to whole pairs
+// (PairsOf).
 inline void PairsTileProduct(const TileOps& ops, const Band& band, int64_t r0, int64_t nr,
                              int64_t c0, int64_t nc, const float* tile, int64_t ld,
                              uint32_t* pairs, const uint32_t* values, int64_t ldv, int64_t cols,
@@ -201,9 +212,9 @@ inline void PairsTileProduct(const TileOps& ops, const Band& band, int64_t r0, i
   ops.pack_bf16_pairs(tile, ld, nc, nr, pairs, ld);
   ForEachVisibleStrip(band, r0, nr, c0, nc, false, false, [&](int64_t i0, int64_t ni,
                                                                int64_t p0, int64_t np) {
-    const int64_t first = p0 / 2, end = (std::min(p0 + np, nc) + 1) / 2;
-    ops.bf16_pairs_gemm(ni, cols, end - first, pairs + first * ld + i0, 1, ld,
-                        values + first * ldv, ldv, c + i0 * ldc, ldc, true);
+    const PairSpan p = PairsOf(p0, np, nc);
+    ops.bf16_pairs_gemm(ni, cols, p.count, pairs + p.first * ld + i0, 1, ld,
+                        values + p.first * ldv, ldv, c + i0 * ldc, ldc, true);
   });
 }
 
