@@ -28,7 +28,7 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
   const Band band(seqs[it.seq]);
   const int64_t b = it.seq, h = it.head, group = g.q_heads / g.kv_heads, c0 = it.block * kBlockK;
   const bool bf16 = Bf16Products<T>(g, ops);
-  const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws);
+  const KeyBlock<T> block(g, band, a, b, h, c0, bf16, ws, KeyBlockBuffers::Of(ws));
   const BlockSpan queries = band.QueryBlocks(c0, block.nc, kBlockQ);
   for (int64_t n = h * group; n < (h + 1) * group; ++n) {
     for (int64_t r0 = queries.start; r0 < queries.end; r0 += kBlockQ) {
@@ -36,7 +36,7 @@ void KeyValueItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const TileMask tile_mask = ElementMaskOf(g.mask, b, n, r0, nr, c0, block.nc);
       if (tile_mask == TileMask::kAll) continue;
       KeyBlockTile(g, band, a, row_delta, b, n, r0, queries.end, c0, block.nc, ops, ws, bf16,
-                   nullptr, tile_mask == TileMask::kSome, ws.acc1, ws.acc2);
+                   nullptr, tile_mask == TileMask::kSome, block.buffers);
     }
   }
   block.Store(g, a, ws);

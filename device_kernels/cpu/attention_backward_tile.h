@@ -65,36 +65,48 @@ void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBack
   }
 }
 
-// Key block [c0, c0 + nc) of kv head h of sequence b in the backward: its K and
-// V rows transposed into ws.t1 / ws.t2 (as bf16 pairs when the products use the
-// bf16 dot instruction) and its dK / dV accumulators (ws.acc1 / ws.acc2, row
-// strides ws.ldp / ws.ldvp) zeroed; Store writes the accumulators out.
+// Where a key block of the backward lives: its K and V rows transposed
+// (head_dim x kBlockK and value_dim x kBlockK floats, as bf16 pairs when the
+// products use the bf16 dot instruction) and its dK and dV accumulators
+// (kBlockK rows of Workspace::ldp and ldvp floats). Of(ws): the workspace's
+// (t1, t2, acc1, acc2).
+struct KeyBlockBuffers {
+  float *keys_t, *values_t, *dkey, *dvalue;
+  static KeyBlockBuffers Of(const Workspace& ws) { return {ws.t1, ws.t2, ws.acc1, ws.acc2}; }
+};
+
+// Key block [c0, c0 + nc) of kv head h of sequence b in the backward, in
+// `buffers`: K and V transposed, the dK and dV accumulators zeroed; Store
+// writes the accumulators out.
 template <typename T>
 struct KeyBlock {
   int64_t k_off, v_off, nc;
+  KeyBlockBuffers buffers;
 
   KeyBlock(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
-           int64_t b, int64_t h, int64_t c0, bool bf16, Workspace& ws)
+           int64_t b, int64_t h, int64_t c0, bool bf16, const Workspace& ws,
+           const KeyBlockBuffers& into)
       : k_off(Offset(g.k, b, band.kv_start + c0, h)),
         v_off(Offset(g.v, b, band.kv_start + c0, h)),
-        nc(std::min(kBlockK, band.kv_len - c0)) {
+        nc(std::min(kBlockK, band.kv_len - c0)),
+        buffers(into) {
     const int64_t d = g.head_dim, dv = g.value_dim;
     if (bf16) {
-      LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d, reinterpret_cast<uint32_t*>(ws.t1),
-                          kBlockK);
-      LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv, reinterpret_cast<uint32_t*>(ws.t2),
-                          kBlockK);
+      LoadPairsTransposed(a.key + k_off, g.k.seq, nc, d,
+                          reinterpret_cast<uint32_t*>(buffers.keys_t), kBlockK);
+      LoadPairsTransposed(a.value + v_off, g.v.seq, nc, dv,
+                          reinterpret_cast<uint32_t*>(buffers.values_t), kBlockK);
     } else {
-      LoadTransposed(a.key + k_off, g.k.seq, nc, d, ws.t1, kBlockK);
-      LoadTransposed(a.value + v_off, g.v.seq, nc, dv, ws.t2, kBlockK);
+      LoadTransposed(a.key + k_off, g.k.seq, nc, d, buffers.keys_t, kBlockK);
+      LoadTransposed(a.value + v_off, g.v.seq, nc, dv, buffers.values_t, kBlockK);
     }
-    std::fill(ws.acc1, ws.acc1 + nc * ws.ldp, 0.0f);
-    std::fill(ws.acc2, ws.acc2 + nc * ws.ldvp, 0.0f);
+    std::fill(buffers.dkey, buffers.dkey + nc * ws.ldp, 0.0f);
+    std::fill(buffers.dvalue, buffers.dvalue + nc * ws.ldvp, 0.0f);
   }
   void Store(const AttentionGeometry& g, const AttentionBackwardArgs<T>& a,
              const Workspace& ws) const {
-    StoreRows(ws.acc1, ws.ldp, nc, g.head_dim, g.scale, a.dkey + k_off, g.k.seq);
-    StoreRows(ws.acc2, ws.ldvp, nc, g.value_dim, 1.0f, a.dvalue + v_off, g.v.seq);
+    StoreRows(buffers.dkey, ws.ldp, nc, g.head_dim, g.scale, a.dkey + k_off, g.k.seq);
+    StoreRows(buffers.dvalue, ws.ldvp, nc, g.value_dim, 1.0f, a.dvalue + v_off, g.v.seq);
   }
 };
 
@@ -110,9 +122,9 @@ struct PackedRows {
 
 // One (query head n, query block r0) tile of a key block [c0, c0 + nc) in the
 // backward: recomputes P and dS (bias, masks, dropout as in the forward) into
-// ws.s / ws.dprob and adds P^T dO to dval and dS^T Q to dk (unscaled). K and V
-// of the block are in ws.t1 / ws.t2 (pairs for the bf16 products); the head's
-// query and dout rows in `packed` when given, else copied here. elements:
+// ws.s / ws.dprob and adds P^T dO and dS^T Q (unscaled) to the block's dV and
+// dK accumulators, its K and V read transposed from `block`; the head's query
+// and dout rows in `packed` when given, else copied here. elements:
 // whether the element mask applies to the tile (TileMask::kSome; the caller
 // skips kAll tiles). Returns whether the tile is fully visible (for a dS K
 // product the caller adds; bfloat16: dS in ws.dprob is not rounded yet).
@@ -120,13 +132,15 @@ template <typename T>
 bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
                   const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t q_end,
                   int64_t c0, int64_t nc, const TileOps& ops, Workspace& ws, bool bf16,
-                  const PackedRows* packed, bool elements, float* dk, float* dval) {
+                  const PackedRows* packed, bool elements, const KeyBlockBuffers& block) {
   const int64_t nr = std::min(kBlockQ, band.q_len - r0), row = band.q_start + r0;
   const int64_t ncp = RoundUpToTile(nc), d = g.head_dim, dv = g.value_dim;
   const float scale = ScoreScale(g);
   const bool dropout = g.dropout.mode != DropoutMode::kNone;
-  const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(ws.t1);
-  const uint32_t* v_pairs = reinterpret_cast<const uint32_t*>(ws.t2);
+  const uint32_t* k_pairs = reinterpret_cast<const uint32_t*>(block.keys_t);
+  const uint32_t* v_pairs = reinterpret_cast<const uint32_t*>(block.values_t);
+  float* const dk = block.dkey;
+  float* const dval = block.dvalue;
   // The next query block's rows, asked for ahead.
   const int64_t next = r0 + kBlockQ < q_end ? std::min(kBlockQ, band.q_len - r0 - kBlockQ) : 0;
   const T* query = a.query + Offset(g.q, b, row, n);
@@ -172,9 +186,9 @@ bool KeyBlockTile(const AttentionGeometry& g, const Band& band, const AttentionB
   } else {
     ForEachVisibleStrip(band, r0, nr, c0, nc, false, true, [&](int64_t i, int64_t ni, int64_t j,
                                                                int64_t nj) {
-      ops.gemm(ni, nj, d, q.data + i * q.ld, q.ld, 1, ws.t1 + j, kBlockK,
+      ops.gemm(ni, nj, d, q.data + i * q.ld, q.ld, 1, block.keys_t + j, kBlockK,
                ws.s + i * kBlockK + j, kBlockK, false);
-      ops.gemm(ni, nj, dv, dout.data + i * dout.ld, dout.ld, 1, ws.t2 + j, kBlockK,
+      ops.gemm(ni, nj, dv, dout.data + i * dout.ld, dout.ld, 1, block.values_t + j, kBlockK,
                ws.dprob + i * kBlockK + j, kBlockK, false);
     });
   }

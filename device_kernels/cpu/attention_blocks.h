@@ -217,7 +217,7 @@ class Workspace {
         ldp(PaddedLd(g.head_dim)), ldvp(PaddedLd(g.value_dim)),
         scratch_(ScratchRole::kWorkspace, Total(g, block, ldp, ldvp)) {
     float** slots[] = {&t1, &t2, &n1, &n2, &s, &dprob, &acc1, &acc2, &max, &sum, &delta,
-                       &finite, &keep, &key_rows};
+                       &finite, &keep};
     const auto sizes = Sizes(g, block, ldp, ldvp);
     float* p = scratch_.data();
     for (int i = 0; i < kSlots; ++i) {
@@ -237,16 +237,15 @@ class Workspace {
   float *max, *sum, *delta;
   float* finite;            // a block with its non-finite entries zeroed (MaskedGemm)
   float* keep;              // dropout: keep / keep_prob per position of a score tile
-  float* key_rows;          // a key block as float32 rows (block x ldp): fused backward's dQ
 
  private:
-  static constexpr int kSlots = 14;
+  static constexpr int kSlots = 13;
   static std::array<int64_t, kSlots> Sizes(const AttentionGeometry& g, int64_t block,
                                            int64_t ldp, int64_t ldvp) {
     return {g.head_dim * block, g.value_dim * block, block * ldp, block * ldvp,
             block * block,      block * block,       block * ldp, block * ldvp,
             block,              block,               block,
-            block * std::max(ldp, ldvp), block * block, block * ldp};
+            block * std::max(ldp, ldvp), block * block};
   }
   static int64_t Total(const AttentionGeometry& g, int64_t block, int64_t ldp, int64_t ldvp) {
     int64_t total = 0;

@@ -7,7 +7,7 @@
 // thread, gets a buffer of its own, freed with the holder. Its contents are
 // undefined (what an earlier holder left): every holder writes what it reads,
 // and the native tests poison new holders with NaN to hold them to that. A
-// thread keeps what it grew until it exits: at most 4 x 4 MiB for the other
+// thread keeps what it grew until it exits: at most 5 x 4 MiB for the other
 // roles and 64 MiB for kPass (KeptScratchBytes).
 #pragma once
 
@@ -15,7 +15,9 @@
 
 namespace jax_rope::cpu {
 
-enum class ScratchRole { kWorkspace, kLanes, kAccumulator, kPackedRows, kPass, kCount };
+enum class ScratchRole {
+  kWorkspace, kLanes, kAccumulator, kPackedRows, kKeyBlocks, kPass, kCount
+};
 
 // The largest buffer a thread keeps for `role`. kPass holds a call's scratch
 // for a whole pass, the forward's head-major copy of K and V among them (32 MiB

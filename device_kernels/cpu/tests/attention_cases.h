@@ -238,6 +238,16 @@ std::vector<Problem> Cases() {
   p.n1 = 8;
   p.n2 = 2;
   cases.push_back(p);
+  // The fused backward's steps of four key blocks: a causal band and a window whose key
+  // blocks each see other query blocks, over a full step and a partial one (6 key blocks).
+  p = Batched("causal gqa over two key-block steps", 1, 330, 330, -kInf, 0);
+  p.n1 = 4;
+  p.n2 = 2;
+  p.d = p.dv = 16;
+  cases.push_back(p);
+  p = Batched("window over two key-block steps", 1, 370, 370, -90, 0);
+  p.d = p.dv = 16;
+  cases.push_back(p);
   return cases;
 }
 
