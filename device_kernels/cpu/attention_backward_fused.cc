@@ -146,8 +146,7 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     int64_t blocks = 0, first = 0, last = 0;  // the union of their query blocks
     for (int64_t c0 = s0; c0 < band.kv_len && blocks < kKeyBlocksPerStep; c0 += kBlockK) {
       StepBlock& sb = step[blocks];
-      float* p = steps + blocks++ * step_floats;
-      float* keys_t = p;
+      float* keys_t = steps + blocks++ * step_floats;
       float* values_t = keys_t + RoundUpToTile(d * kBlockK);
       float* dkey = values_t + RoundUpToTile(dv * kBlockK);
       float* dvalue = dkey + kBlockK * ws.ldp;
