@@ -203,6 +203,16 @@ def test_backward_paths_against_oracle(b, n1, n2):
     _check_grads(rng, args, kw)
 
 
+# The fused backward takes key blocks four at a time: six key blocks (a full step and a part of
+# one) under a causal band and a window, whose key blocks each see other query blocks.
+@pytest.mark.parametrize("mode_kw", [dict(sparse_mode=3),
+                                     dict(sparse_mode=4, pre_tokens=100, next_tokens=0)])
+def test_backward_key_block_steps_against_oracle(mode_kw):
+    rng = _rng("bwd-steps", *mode_kw.values())
+    args, kw = ao.make_case(rng, B=2, Sq=300, Skv=330, N1=4, N2=2, D=16, **mode_kw)
+    _check_grads(rng, args, kw)
+
+
 def _check_grads(rng, args, kw):
     """ffi gradients for a random dout against the oracle's."""
     dout = rng.standard_normal(args[0].shape).astype(np.float32)
