@@ -250,8 +250,9 @@ void AttentionBackwardQuery(const AttentionGeometry& g, const SequenceBand* seqs
 
 // Passes 1, 2 and 3 in one, over (sequence, kv head) items (item t: sequence
 // t / kv_heads, kv head t % kv_heads): dkey and dvalue block by block as in
-// pass 2, and dquery of the group's rows summed in a float32 accumulator
-// (q_len x group x head_dim per item) over the key blocks in ascending order.
+// pass 2 (four key blocks a step, each query block's tiles of them in turn),
+// and dquery of the group's rows summed in a float32 accumulator (q_len x
+// group x head_dim per item) over the key blocks in ascending order.
 // Five products per tile instead of seven; the results have the bits of passes
 // 2 and 3 (the same sums in the same order). Each item computes pass 1's
 // row_delta for its group's rows first (same bits; row_delta is then scratch
