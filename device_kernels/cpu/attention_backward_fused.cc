@@ -143,7 +143,8 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   };
   const int64_t step_floats = StepBlockFloats(g, ws);
   for (int64_t s0 = 0; s0 < band.kv_len; s0 += kKeyBlocksPerStep * kBlockK) {
-    int64_t blocks = 0, first = 0, last = 0;  // the union of their query blocks
+    int64_t blocks = 0;
+    BlockSpan seen_queries;  // the union of their query blocks
     for (int64_t c0 = s0; c0 < band.kv_len && blocks < kKeyBlocksPerStep; c0 += kBlockK) {
       StepBlock& sb = step[blocks];
       float* keys_t = steps + blocks++ * step_floats;
@@ -161,14 +162,11 @@ void FusedBackwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
                          : CopiedOperand(ops, a.key + sb.block->k_off, g.k.seq, nc, d, key_rows,
                                          ws.ldp, RowsAhead{});
       sb.queries = band.QueryBlocks(c0, nc, kBlockQ);
-      if (sb.queries.start < sb.queries.end) {
-        first = first < last ? std::min(first, sb.queries.start) : sb.queries.start;
-        last = std::max(last, sb.queries.end);
-      }
+      seen_queries = Join(seen_queries, sb.queries);
     }
     for (int64_t n = h * group; n < (h + 1) * group; ++n) {
       float* dq_head = dq_acc + (n - h * group) * band.q_len * ldq;
-      for (int64_t r0 = first; r0 < last; r0 += kBlockQ) {
+      for (int64_t r0 = seen_queries.start; r0 < seen_queries.end; r0 += kBlockQ) {
         for (int64_t j = 0; j < blocks; ++j) {
           const StepBlock& sb = step[j];
           if (r0 < sb.queries.start || r0 >= sb.queries.end) continue;

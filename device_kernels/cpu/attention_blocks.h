@@ -36,6 +36,13 @@ struct BlockSpan {
   int64_t end = 0;
 };
 
+// The smallest span holding both; an empty span adds nothing.
+inline BlockSpan Join(const BlockSpan& a, const BlockSpan& b) {
+  if (a.start >= a.end) return b;
+  if (b.start >= b.end) return a;
+  return {std::min(a.start, b.start), std::max(a.end, b.end)};
+}
+
 inline BlockSpan BlocksHolding(int64_t first, int64_t last, int64_t block) {
   return first > last ? BlockSpan{} : BlockSpan{first / block * block, last + 1};
 }

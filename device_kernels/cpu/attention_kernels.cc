@@ -123,7 +123,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
   };
   Lane lanes[kWideLanes];
   int64_t count = 0;
-  int64_t first = 0, last = 0;  // the union of the lanes' key blocks
+  BlockSpan seen_keys;  // the union of the lanes' key blocks
   for (int64_t blk = 0; blk < shape.blocks; ++blk) {
     const int64_t r0 = (it.block * shape.blocks + blk) * kBlockQ;
     if (r0 >= band.q_len) break;
@@ -144,12 +144,9 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       std::fill(fl.max + j * kBlockQ, fl.max + j * kBlockQ + nrp, kNegInf);
       std::fill(fl.sum + j * kBlockQ, fl.sum + j * kBlockQ + nrp, 0.0f);
     }
-    if (keys.start < keys.end) {
-      first = first < last ? std::min(first, keys.start) : keys.start;
-      last = std::max(last, keys.end);
-    }
+    seen_keys = Join(seen_keys, keys);
   }
-  for (int64_t c0 = first; c0 < last; c0 += kBlockK) {
+  for (int64_t c0 = seen_keys.start; c0 < seen_keys.end; c0 += kBlockK) {
     const int64_t nc = std::min(kBlockK, band.kv_len - c0);
     // What each lane sees of this key block (kAll: nothing, nor outside its key blocks).
     TileMask tile_masks[kWideLanes];
@@ -163,7 +160,8 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     if (!seen) continue;
     const T* key = a.key + Offset(g.k, b, band.kv_start + c0, kvh);
     const T* value = a.value + Offset(g.v, b, band.kv_start + c0, kvh);
-    const RowsAhead ahead = KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, last);
+    const RowsAhead ahead =
+        KeyBlockAhead(g, band, a.key, a.value, b, kvh, c0 + kBlockK, seen_keys.end);
     uint32_t* value_pairs = reinterpret_cast<uint32_t*>(ws.n2);
     bool pairs = false;
     if (bf16_values) {

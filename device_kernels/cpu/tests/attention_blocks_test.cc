@@ -18,6 +18,7 @@
 //     and head by head, each head's blocks costliest first: a causal band's
 //     last query block (and first key block) first, a band that narrows
 //     towards the end its first, uniform bands in block order;
+//   - Join (the union of two key or query block spans) against enumeration;
 //   - the float32 transposes (TransposeRows, LoadTransposed: 4 x 4 vector
 //     blocks and element-wise edges) against the definition, for every shape
 //     up to 21 x 21, with LoadTransposed's zero padding and nothing else written.
@@ -38,6 +39,7 @@ using jax_rope::cpu::RoundUpToTile;
 using jax_rope::cpu::SequenceBand;
 using jax_rope::cpu::attention::Band;
 using jax_rope::cpu::attention::BlockSpan;
+using jax_rope::cpu::attention::Join;
 using jax_rope::cpu::attention::ForEachVisibleStrip;
 using jax_rope::cpu::attention::LoadTransposed;
 using jax_rope::cpu::attention::TransposeRows;
@@ -309,6 +311,27 @@ int main() {
     for (int64_t cols = 0; cols <= 21; ++cols) {
       CheckTranspose(rows, cols, false);
       CheckTranspose(rows, cols, true);
+    }
+  }
+  // Join: the smallest span holding every position of both (empty spans, start >= end,
+  // hold none), for every pair of spans over [0, 6].
+  for (int64_t a0 = 0; a0 <= 6; ++a0) {
+    for (int64_t a1 = 0; a1 <= 6; ++a1) {
+      for (int64_t b0 = 0; b0 <= 6; ++b0) {
+        for (int64_t b1 = 0; b1 <= 6; ++b1) {
+          int64_t lo = 7, hi = -1;  // the positions held, by enumeration
+          for (int64_t p = 0; p <= 6; ++p) {
+            if ((p >= a0 && p < a1) || (p >= b0 && p < b1)) lo = std::min(lo, p), hi = p;
+          }
+          const BlockSpan j = Join(BlockSpan{a0, a1}, BlockSpan{b0, b1});
+          const bool ok = hi < 0 ? j.start >= j.end : (j.start == lo && j.end == hi + 1);
+          if (!ok) {
+            ++g_failures;
+            std::printf("FAIL: Join([%ld, %ld), [%ld, %ld)) = [%ld, %ld)\n", long(a0), long(a1),
+                        long(b0), long(b1), long(j.start), long(j.end));
+          }
+        }
+      }
     }
   }
   // A causal 64 x 64 diagonal tile: strips of 16 see 64, 48, 32 and 16 of it.
