@@ -180,6 +180,29 @@ def test_forward_items_spanning_head_groups(group, n2, sq, dtype):
     _check(args, kw)
 
 
+# Once every query of a forward lane has a shift (its largest score so far), a tile without
+# masked positions takes its softmax terms from the score product under that shift, kept
+# while the tile's scores stay within 5.5 of it (the statistics are raised to each row's
+# largest score at the end); a tile rising further is multiplied again and steps as before.
+# Key blocks scaled to make the scores rise a little, jump far past the shift and fall; then
+# a NaN key in a late block, which every row that sees it turns NaN.
+@pytest.mark.parametrize("mode", [0, 3])
+def test_forward_scores_rising_past_shift(mode):
+    rng = _rng("rising", mode)
+    args, kw = ao.make_case(rng, B=1, Sq=640, Skv=640, N1=2, N2=2, D=64, sparse_mode=mode)
+    k = args[1]
+    k[:, 128:192] *= 2.0
+    k[:, 320:384] *= 30.0
+    k[:, 448:512] *= 0.1
+    _check(args, kw)
+    k[:, 500, 1] = np.nan
+    with jr.backend("ffi"):
+        out = np.asarray(jr.flash_attention_score(*(jnp.asarray(a) for a in args), **kw)[0])
+    first = 0 if mode == 0 else 500  # the first row that sees key 500
+    assert np.isnan(out[:, first:, 1]).all()
+    assert not np.isnan(out[:, :, 0]).any() and not np.isnan(out[:, :first, 1]).any()
+
+
 @pytest.mark.parametrize("sq,group", [(1, 1), (3, 2), (80, 4)])
 def test_nan_key_seen_alone_gives_nan(sq, group):
     """A row whose only visible key is NaN gets a NaN output (not a dead row's zeros):

@@ -89,17 +89,41 @@ ForwardShape ForwardShapeOf(const AttentionGeometry& g, const SequenceBand* seqs
 }
 
 // Per-lane state beyond the workspace: query block (transposed), output
-// accumulator and row statistics, in the thread's kept scratch.
+// accumulator and row statistics, in the thread's kept scratch. max is each
+// query's shift, which the output and sum are relative to; top the largest
+// score of the steps that kept the shift (KeepShifts), -inf if none did.
 struct ForwardLanes {
   int64_t q_size, o_size;
   ThreadScratch scratch;
-  float *q, *o, *max, *sum;
+  float *q, *o, *max, *sum, *top;
   ForwardLanes(const AttentionGeometry& g, const Workspace& ws, int64_t lanes)
       : q_size(RoundUpToTile(g.head_dim) * kBlockQ), o_size(kBlockQ * ws.ldvp),
-        scratch(ScratchRole::kLanes, lanes * (q_size + o_size + 2 * kBlockQ)),
+        scratch(ScratchRole::kLanes, lanes * (q_size + o_size + 3 * kBlockQ)),
         q(scratch.data()), o(q + lanes * q_size), max(o + lanes * o_size),
-        sum(max + lanes * kBlockQ) {}
+        sum(max + lanes * kBlockQ), top(sum + lanes * kBlockQ) {}
 };
+
+// How far above its shift a query's scores may be for a score product to
+// leave its softmax terms under that shift (terms up to e^5.5, about 245,
+// where float32 sums and outputs lose nothing): most tiles then take no
+// softmax pass of their own.
+constexpr float kShiftSlack = 5.5f;
+
+// After gemm_col_max left the terms of a tile under the queries' shifts
+// (tile_sum their column sums): whether every query's scaled maximum lies
+// within kShiftSlack of its shift; if so, the sums are added (as
+// softmax_step adds them when the maximum does not move) and top raised.
+bool KeepShifts(const float* raw_max, float scale, const float* q_max, const float* tile_sum,
+                int64_t queries, float* q_sum, float* top) {
+  for (int64_t c = 0; c < queries; ++c) {
+    if (!(raw_max[c] * scale <= q_max[c] + kShiftSlack)) return false;
+  }
+  for (int64_t c = 0; c < queries; ++c) {
+    q_sum[c] += tile_sum[c];
+    top[c] = std::max(top[c], raw_max[c] * scale);
+  }
+  return true;
+}
 
 template <typename T>
 void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
@@ -143,6 +167,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       const int64_t nrp = RoundUpToTile(nr);
       std::fill(fl.max + j * kBlockQ, fl.max + j * kBlockQ + nrp, kNegInf);
       std::fill(fl.sum + j * kBlockQ, fl.sum + j * kBlockQ + nrp, 0.0f);
+      std::fill(fl.top + j * kBlockQ, fl.top + j * kBlockQ + nrp, kNegInf);
     }
     seen_keys = Join(seen_keys, keys);
   }
@@ -184,13 +209,33 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       // each query's largest score as it stores the tile.
       const bool col_max = !bf16 && scale > 0.0f && g.bias.kind == BiasKind::kNone &&
                            !elements && band.Covers(r0, nr, c0, nc);
+      float* q_max = fl.max + j * kBlockQ;
+      float* q_sum = fl.sum + j * kBlockQ;
+      const int64_t nrp = RoundUpToTile(nr);
       alignas(64) float raw_max[kBlockQ];
+      bool stepped = false;  // whether the product left the softmax terms (KeepShifts)
       if (bf16) {
         ops.bf16_gemm(nc, nr, d / 2, reinterpret_cast<const uint16_t*>(key), g.k.seq,
                       reinterpret_cast<const uint32_t*>(qt), kBlockQ, ws.s, kBlockQ);
       } else if (col_max) {
-        std::fill(raw_max, raw_max + RoundUpToTile(nr), kNegInf);
-        ops.gemm_col_max(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, raw_max);
+        // Once every query has a shift, the product leaves the terms under it;
+        // a tile whose scores rise too far above it is multiplied again. (Not
+        // for bfloat16, whose terms are rounded under the step's own maximum.)
+        if (!std::is_same_v<T, BFloat16> &&
+            std::all_of(q_max, q_max + nrp, [](float m) { return m != kNegInf; })) {
+          alignas(64) float tile_sum[kBlockQ];
+          std::fill(tile_sum, tile_sum + nrp, 0.0f);
+          std::fill(raw_max, raw_max + nrp, kNegInf);
+          const ExpTerms terms{scale, q_max, tile_sum};
+          ops.gemm_col_max(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, raw_max,
+                           &terms);
+          stepped = KeepShifts(raw_max, scale, q_max, tile_sum, nrp, q_sum, fl.top + j * kBlockQ);
+        }
+        if (!stepped) {
+          std::fill(raw_max, raw_max + nrp, kNegInf);
+          ops.gemm_col_max(nc, nr, d, k.data, k.ld, 1, qt, kBlockQ, ws.s, kBlockQ, raw_max,
+                           nullptr);
+        }
       } else {
         ForEachVisibleStrip(band, r0, nr, c0, nc, true, true, [&](int64_t j, int64_t nj,
                                                                   int64_t i, int64_t ni) {
@@ -200,8 +245,10 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       }
       AddBias<T>(g, band, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true);
       MaskTile(band, g, b, n, r0, nr, c0, nc, ws.s, kBlockQ, true, true, elements);
-      ops.softmax_step(ws.s, kBlockQ, nc, RoundUpToTile(nr), scale, col_max ? raw_max : nullptr,
-                       fl.max + j * kBlockQ, fl.sum + j * kBlockQ, o, ws.ldvp, nr, ws.dvp);
+      if (!stepped) {
+        ops.softmax_step(ws.s, kBlockQ, nc, nrp, scale, col_max ? raw_max : nullptr, q_max,
+                         q_sum, o, ws.ldvp, nr, ws.dvp);
+      }
       if (dropout) {  // the statistics above stay those of the undropped softmax
         KeepTile(g, band, b, n, r0, nr, c0, nc, ws.keep, kBlockQ, true);
         ApplyKeep(band, r0, nr, c0, nc, ws.s, ws.keep, kBlockQ, true);
@@ -222,6 +269,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
     const float* o = fl.o + j * fl.o_size;
     const float* mx = fl.max + j * kBlockQ;
     const float* sm = fl.sum + j * kBlockQ;
+    const float* top = fl.top + j * kBlockQ;
     for (int64_t i = 0; i < l.nr; ++i) {
       const int64_t row = band.q_start + l.r0 + i;
       const int64_t idx = Offset(g.stats, b, row, l.n);
@@ -230,8 +278,12 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       // -inf but has a NaN sum: NaN output, not a dead row's zeros.
       const bool dead = mx[i] == kNegInf && sm[i] == 0.0f;
       StoreRows(o + i * ws.ldvp, ws.ldvp, 1, dv, dead ? 0.0f : 1.0f / sm[i], out, 0);
-      a.softmax_max[idx] = mx[i] == kNegInf ? kMaskValue : mx[i];
-      a.softmax_sum[idx] = dead ? kDeadRowSum : sm[i];
+      // The statistics under the row's largest score (above its shift where a
+      // step kept the shift).
+      const float high = std::max(mx[i], top[i]);
+      const float sum = high > mx[i] ? sm[i] * std::exp(mx[i] - high) : sm[i];
+      a.softmax_max[idx] = high == kNegInf ? kMaskValue : high;
+      a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
     }
   }
 }

@@ -35,7 +35,7 @@ JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const uint16_t* p) {
 template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                            const BT* b, int64_t ldb, float* c, int64_t ldc, bool accumulate,
-                           float* col_max) {
+                           float* col_max, const ExpTerms* terms) {
   using V = typename Isa::V;
   constexpr int w = kWidth<Isa>;
   V acc[MR][NV];
@@ -57,8 +57,10 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
       for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
     }
   }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NV; ++j) Store(c + i * ldc + j * w, acc[i][j]);
+  if (terms == nullptr) {
+    for (int i = 0; i < MR; ++i) {
+      for (int j = 0; j < NV; ++j) Store(c + i * ldc + j * w, acc[i][j]);
+    }
   }
   if (col_max == nullptr) return;
   for (int j = 0; j < NV; ++j) {
@@ -66,6 +68,21 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
     Load(m, col_max + j * w);
     for (int i = 0; i < MR; ++i) m = acc[i][j] > m ? acc[i][j] : m;
     Store(col_max + j * w, m);
+    if (terms == nullptr) continue;
+    // The softmax terms in place of the products, as Exps makes them, their
+    // sums added row by row (the order of Exps' loop over the keys).
+    V shift, sum;
+    Load(shift, terms->shift + j * w);
+    Load(sum, terms->sum + j * w);
+    for (int i = 0; i < MR; ++i) {
+      V x = acc[i][j] * terms->scale;
+      Isa::Rounded(x);
+      x -= shift;
+      Exp<Isa>(x);
+      Store(c + i * ldc + j * w, x);
+      sum += x;
+    }
+    Store(terms->sum + j * w, sum);
   }
 }
 
@@ -73,28 +90,29 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
 template <class Isa, int MR, int NV, class BT>
 JAX_ROPE_INLINE void MicroEdge(int mr, int nv, int64_t k, const float* a, int64_t a_row,
                                int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
-                               bool accumulate, float* col_max) {
+                               bool accumulate, float* col_max, const ExpTerms* terms) {
   if constexpr (MR > 1) {
     if (mr < MR) {
       MicroEdge<Isa, MR - 1, NV, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate,
-                                     col_max);
+                                     col_max, terms);
       return;
     }
   }
   if constexpr (NV > 1) {
     if (nv < NV) {
       MicroEdge<Isa, MR, NV - 1, BT>(mr, nv, k, a, a_row, a_col, b, ldb, c, ldc, accumulate,
-                                     col_max);
+                                     col_max, terms);
       return;
     }
   }
-  Micro<Isa, MR, NV, BT>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate, col_max);
+  Micro<Isa, MR, NV, BT>(k, a, a_row, a_col, b, ldb, c, ldc, accumulate, col_max, terms);
 }
 
 template <class Isa, class BT>
 JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
                           int64_t a_col, const BT* b, int64_t ldb, float* c, int64_t ldc,
-                          bool accumulate, float* col_max = nullptr) {
+                          bool accumulate, float* col_max = nullptr,
+                          const ExpTerms* terms = nullptr) {
   constexpr int w = kWidth<Isa>;
   constexpr int mr_max = Isa::kMr;
   constexpr int nv_max = Isa::kNv;
@@ -108,11 +126,14 @@ JAX_ROPE_INLINE void Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64
       const BT* bj = b + j0 * w;
       float* cij = c + i0 * ldc + j0 * w;
       float* mj = col_max != nullptr ? col_max + j0 * w : nullptr;
+      ExpTerms tj;
+      if (terms != nullptr) tj = {terms->scale, terms->shift + j0 * w, terms->sum + j0 * w};
+      const ExpTerms* t = terms != nullptr ? &tj : nullptr;
       if (mr == mr_max && nv == nv_max) {
-        Micro<Isa, mr_max, nv_max, BT>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate, mj);
+        Micro<Isa, mr_max, nv_max, BT>(k, ai, a_row, a_col, bj, ldb, cij, ldc, accumulate, mj, t);
       } else {
         MicroEdge<Isa, mr_max, nv_max, BT>(mr, nv, k, ai, a_row, a_col, bj, ldb, cij, ldc,
-                                           accumulate, mj);
+                                           accumulate, mj, t);
       }
     }
   }

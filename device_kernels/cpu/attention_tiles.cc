@@ -49,8 +49,9 @@ using namespace tile_simd;
   }                                                                                            \
   attr void GemmColMax##Isa(                                                                   \
       int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col,           \
-      const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max) {                    \
-    Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, false, col_max);                       \
+      const float* b, int64_t ldb, float* c, int64_t ldc, float* col_max,                      \
+      const ExpTerms* terms) {                                                                 \
+    Gemm<Isa>(m, n, k, a, a_row, a_col, b, ldb, c, ldc, false, col_max, terms);                \
   }                                                                                            \
   attr void SoftmaxStep##Isa(                                                                  \
       float* s, int64_t lds, int64_t keys, int64_t queries, float scale, const float* raw_max, \

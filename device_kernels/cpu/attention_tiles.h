@@ -54,6 +54,15 @@ struct RowsAhead {
   }
 };
 
+// What the forward's score product can leave in place of its products (see
+// TileOps::gemm_col_max): exp(scale * s - shift[j]), the product rounded to
+// float32 before the subtraction, with each column's terms added to sum[j].
+struct ExpTerms {
+  float scale;
+  const float* shift;
+  float* sum;
+};
+
 struct TileOps {
   // C[m x n] = (accumulate ? C : 0) + A[m x k] * B[k x n], where A(i, p) is
   // a[i * a_row + p * a_col] (a_row = 1, a_col = ld reads a stored transpose).
@@ -69,10 +78,13 @@ struct TileOps {
   // gemm (not accumulating) that also folds each column's largest product
   // into col_max[j], j < RoundUpToTile(n) (NaN skipped, as the softmax steps
   // skip it): the forward's score tiles without masked positions, whose
-  // softmax_step then needs no pass of its own for the maximum.
+  // softmax_step then needs no pass of its own for the maximum. With terms,
+  // C gets the softmax terms of the products (ExpTerms; shift and sum read
+  // up to RoundUpToTile(n)), the sums added in row order as softmax_step adds
+  // them: a step that keeps each query's shift, without a pass over C.
   void (*gemm_col_max)(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_row,
                        int64_t a_col, const float* b, int64_t ldb, float* c, int64_t ldc,
-                       float* col_max);
+                       float* col_max, const ExpTerms* terms);
 
   // One online-softmax step of the forward over a transposed tile s of raw
   // dot products (keys x queries, queries a multiple of kTileAlign, -inf where

@@ -3,8 +3,9 @@
 // double-precision evaluations, on tiles with masked (-inf) entries, fully
 // masked columns and prior softmax state, with either sign of scale, and
 // softmax_step given its column maxima bit for bit against the step that finds
-// them. An instruction set this CPU lacks is reported and left out. Built and
-// run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+// them, and gemm_col_max's softmax terms (CheckGemmTerms). An instruction set
+// this CPU lacks is reported and left out. Built and run by ctest (CMake
+// option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -188,6 +189,71 @@ void CheckSoftmaxOps(const TileOps& ops, const char* isa, std::mt19937& rng) {
   std::printf("tile ops %s: checked (softmax step and rows max rel err %.2e)\n", isa, worst);
 }
 
+// gemm_col_max leaving the softmax terms under given shifts (ExpTerms): each
+// term exp(float(scale * product) - shift) within 1.5 ulp of the double exp of
+// that float argument, column sums added to what sum held, the column maxima
+// as without terms; where every shift lies at or above its column's scaled
+// maximum and the sums start at 0, the bits of softmax_step on the plain
+// products (the step that keeps the shift), sums included. Shifts below the
+// maximum give terms above 1.
+void CheckGemmTerms(const TileOps& ops, const char* isa, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t m : {1, 7, 64}) {
+    for (int64_t n : {5, 33, 64}) {
+      for (int64_t k : {9, 128}) {
+        for (bool above : {true, false}) {
+          const std::string what = std::string("gemm_col_max terms ") + isa + " m " +
+                                   std::to_string(m) + " n " + std::to_string(n) + " k " +
+                                   std::to_string(k) + (above ? " shift above" : " shift below");
+          const int64_t np = RoundUpToTile(n), ldb = np, ldc = np + 3;
+          const float scale = 0.18f;  // not a power of 2: the product rounds
+          std::vector<float> a(m * k), b(k * ldb, 0.0f), c(m * ldc), raw_max(np, -INFINITY);
+          for (float& x : a) x = u(rng);
+          for (int64_t p = 0; p < k; ++p) {
+            for (int64_t j = 0; j < n; ++j) b[p * ldb + j] = 2.0f * u(rng);
+          }
+          ops.gemm_col_max(m, n, k, a.data(), k, 1, b.data(), ldb, c.data(), ldc,
+                           raw_max.data(), nullptr);
+          std::vector<float> shift(np), sum0(np), terms_max(np, -INFINITY), terms_c(m * ldc);
+          for (int64_t j = 0; j < np; ++j) {
+            const float top = scale * raw_max[j];
+            shift[j] = above ? top + (j % 3) * 0.5f : top - 5.0f * (j % 4) / 3.0f;
+            sum0[j] = above ? 0.0f : 2.0f + u(rng);  // from 0, as softmax_step sums a tile
+          }
+          std::vector<float> sum = sum0;
+          const ExpTerms terms{scale, shift.data(), sum.data()};
+          ops.gemm_col_max(m, n, k, a.data(), k, 1, b.data(), ldb, terms_c.data(), ldc,
+                           terms_max.data(), &terms);
+          ++g_checks;
+          bool ok = std::memcmp(terms_max.data(), raw_max.data(), np * sizeof(float)) == 0;
+          for (int64_t j = 0; j < n; ++j) {
+            double want_sum = sum0[j];
+            for (int64_t i = 0; i < m; ++i) {
+              const double want = std::exp(double(scale * c[i * ldc + j] - shift[j]));
+              want_sum += want;
+              ok = ok && std::abs(terms_c[i * ldc + j] - want) <= 1.5 * 0x1p-23 * want;
+            }
+            ok = ok && std::abs(sum[j] - want_sum) <= 1e-6 * want_sum;
+          }
+          if (!ok) Fail(what);
+          if (!above) continue;
+          std::vector<float> step_max = shift, step_sum = sum0;
+          ops.softmax_step(c.data(), ldc, m, np, scale, raw_max.data(), step_max.data(),
+                           step_sum.data(), nullptr, 0, 0, 0);
+          ++g_checks;
+          for (int64_t i = 0; i < m; ++i) {
+            if (std::memcmp(&c[i * ldc], &terms_c[i * ldc], n * sizeof(float)) != 0) ok = false;
+          }
+          if (!ok || std::memcmp(step_sum.data(), sum.data(), n * sizeof(float)) != 0 ||
+              step_max != shift) {
+            Fail(what + " bits of softmax_step");
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -195,6 +261,7 @@ int main() {
   ForEachTileIsa([&](const TileOps& ops, const char* name) {
     CheckSoftmaxOps(ops, name, rng);
     CheckExp(ops, name);
+    CheckGemmTerms(ops, name, rng);
   });
   return Finish();
 }

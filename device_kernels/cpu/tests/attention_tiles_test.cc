@@ -171,7 +171,7 @@ void CheckTileOps() {
                 for (int64_t j = 0; j < n; ++j) col_max[j] = j % 2 ? u(rng) : -INFINITY;
                 const std::vector<float> col_max0 = col_max;
                 ops->gemm_col_max(m, n, k, a.data(), a_row, a_col, b.data(), ldb, c_max.data(),
-                                  ldc, col_max.data());
+                                  ldc, col_max.data(), nullptr);
                 ++g_checks;
                 bool same = std::memcmp(c_max.data(), c.data(), c.size() * sizeof(float)) == 0;
                 for (int64_t j = 0; j < n; ++j) {
