@@ -188,6 +188,11 @@ inline constexpr int64_t kMaxKeyValueCopyBytes = int64_t{1} << 30;
 bool CopyKeyValueFirst(const AttentionGeometry& g, const SequenceBand* seqs,
                        int64_t element_bytes);
 
+// Key rows that AttentionForward's items read, summed over its items (each
+// item reads its key blocks once for all its lanes): what CopyKeyValueFirst
+// weighs against the rows a copy would write.
+int64_t ForwardKeyRowReads(const AttentionGeometry& g, const SequenceBand* seqs);
+
 // Copies items [begin, end) of `plan` (HeadMajorKeyValue(g, seqs)) from key and
 // value into `copy` (plan.elements elements).
 template <typename T>
