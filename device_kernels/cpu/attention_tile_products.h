@@ -69,16 +69,13 @@ JAX_ROPE_INLINE void Micro(int64_t k, const float* a, int64_t a_row, int64_t a_c
     for (int i = 0; i < MR; ++i) m = acc[i][j] > m ? acc[i][j] : m;
     Store(col_max + j * w, m);
     if (terms == nullptr) continue;
-    // The softmax terms in place of the products, as Exps makes them, their
-    // sums added row by row (the order of Exps' loop over the keys).
+    // The softmax terms in place of the products (ScaledTerm, as Exps makes
+    // them), their sums added row by row (the order of Exps' loop over the keys).
     V shift, sum;
     Load(shift, terms->shift + j * w);
     Load(sum, terms->sum + j * w);
     for (int i = 0; i < MR; ++i) {
-      V x = acc[i][j] * terms->scale;
-      Isa::Rounded(x);
-      x -= shift;
-      Exp<Isa>(x);
+      const V x = ScaledTerm<Isa>(acc[i][j], terms->scale, shift);
       Store(c + i * ldc + j * w, x);
       sum += x;
     }

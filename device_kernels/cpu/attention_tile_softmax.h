@@ -12,9 +12,7 @@
 namespace jax_rope::cpu::tile_simd {
 
 // s[j] = exp(s[j] - shift) for the keys of one vector of queries, added to
-// sum; with kScale, exp(scale * s[j] - shift), the product rounded to float32
-// before the subtraction as the scores are (Isa::Rounded keeps the two from
-// contracting to an FMA).
+// sum; with kScale, ScaledTerm's exp(scale * s[j] - shift).
 template <class Isa, bool kScale>
 JAX_ROPE_INLINE void Exps(float* s, int64_t lds, int64_t keys, float scale,
                           const typename Isa::V& shift, typename Isa::V& sum) {
@@ -23,11 +21,11 @@ JAX_ROPE_INLINE void Exps(float* s, int64_t lds, int64_t keys, float scale,
     V x;
     Load(x, s + j * lds);
     if constexpr (kScale) {
-      x = x * scale;
-      Isa::Rounded(x);
+      x = ScaledTerm<Isa>(x, scale, shift);
+    } else {
+      x -= shift;
+      Exp<Isa>(x);
     }
-    x -= shift;
-    Exp<Isa>(x);
     Store(s + j * lds, x);
     sum += x;
   }

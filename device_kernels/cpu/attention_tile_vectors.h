@@ -115,6 +115,20 @@ JAX_ROPE_INLINE void Exp(typename Isa::V& x) {
   x = y * (V)scale;
 }
 
+// A softmax term exp(scale * x - shift), the product rounded to float32 before
+// the subtraction as the scores are (Isa::Rounded keeps the two from
+// contracting to an FMA): softmax_step's and the score product's terms share
+// it, so that they have the same bits.
+template <class Isa>
+JAX_ROPE_INLINE typename Isa::V ScaledTerm(typename Isa::V x, float scale,
+                                           const typename Isa::V& shift) {
+  x = x * scale;
+  Isa::Rounded(x);
+  x -= shift;
+  Exp<Isa>(x);
+  return x;
+}
+
 template <class Isa>
 JAX_ROPE_INLINE float HorizontalMax(const typename Isa::V& v) {
   float m = v[0];
