@@ -31,9 +31,10 @@ def normal(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
-def attention_case(shapes, tol=2e-5, **kw):
-    """Forward (out and the statistics) and jax.grad wrt q, k, v against the oracle."""
-    q, k, v = (normal(s, i) for i, s in enumerate(shapes))
+def attention_case(shapes, tol=2e-5, dtype=jnp.float32, **kw):
+    """Forward (out and the statistics) and jax.grad wrt q, k, v against the oracle (on
+    the inputs as rounded to `dtype`)."""
+    q, k, v = (normal(s, i, dtype) for i, s in enumerate(shapes))
     fwd = jax.jit(lambda q, k, v: jr.flash_attention_score(q, k, v, **kw))
     text = fwd.lower(q, k, v).as_text()
     assert (FWD in text) == KERNEL, "the forward is not " + ("the NPU kernel" if KERNEL
@@ -43,7 +44,8 @@ def attention_case(shapes, tol=2e-5, **kw):
     for got, want in zip(fwd(q, k, v), ref.flash_attention_score(*f64, **ref_kw)):
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol, atol=tol)
     dout = normal(ref.flash_attention_score(*f64, **ref_kw)[0].shape, 9)
-    loss = lambda q, k, v: jnp.sum(jr.flash_attention_score(q, k, v, **kw)[0] * dout)
+    loss = lambda q, k, v: jnp.sum(
+        jr.flash_attention_score(q, k, v, **kw)[0].astype(jnp.float32) * dout)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     assert (BWD in grad.lower(q, k, v).as_text()) == KERNEL, "the backward's path"
     want = ref.flash_attention_grad(*f64, np.asarray(dout, np.float64), **ref_kw)
@@ -110,6 +112,17 @@ def w9_host_lists_read_through_pinned_memory():
 def attention_mode2_bnsd_value_dim():
     attention_case([(2, 4, 6, 16), (2, 2, 6, 16), (2, 2, 6, 8)], input_layout="BNSD",
                    sparse_mode=2)
+
+
+@check
+def attention_16_bit_dtypes():
+    # bfloat16 and float16 through the glue (ACL_BF16 / ACL_FLOAT16): out and the
+    # gradients in the input dtype, the statistics in float32, P rounded for the
+    # matrix unit; a causal band and GQA.
+    for dtype in (jnp.bfloat16, jnp.float16):
+        attention_case(bsnd(2, 70, 70, 4, 2, 32), tol=2e-2, dtype=dtype, sparse_mode=2)
+        attention_case([(2, 4, 9, 32), (2, 2, 12, 32), (2, 2, 12, 16)], tol=2e-2, dtype=dtype,
+                       input_layout="BNSD", sparse_mode=3)
 
 
 @check

@@ -147,6 +147,27 @@ def forward_float16_matches_fallback():
 
 
 @check
+def rope_16_bit_dtypes():
+    # bfloat16 and float16 through the glue (ACL_BF16 / ACL_FLOAT16), forward and the
+    # backward with query/key (cos batch B: the old chips' forward needs it); the 310P
+    # kernel registers no bfloat16 (the fallback).
+    shapes = [(2, 3, 4, 128), (2, 3, 2, 128), (2, 3, 1, 128), (2, 3, 1, 128)]
+    for dtype, tol in ((jnp.bfloat16, 2e-2), (jnp.float16, 4e-3)):
+        forward_case("BSND", "half", shapes, ROPE_FWD_KERNEL and not (
+            CHIP == "310P" and dtype == jnp.bfloat16), dtype=dtype, tol=tol)
+        q, k, c, s = (rand(x, dtype, i) for i, x in enumerate(shapes))
+        gq, gk = rand(shapes[0], dtype, 7), rand(shapes[1], dtype, 8)
+        fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a[:4], query=a[4], key=a[5]))
+        assert_backward_path(fn.lower(gq, gk, c, s, q, k).as_text(), True)
+        want = oracle.apply_rotary_pos_emb_grad(*(np.asarray(x, np.float64)
+                                                  for x in (gq, gk, c, s, q, k)))
+        for g, w in zip(fn(gq, gk, c, s, q, k), want):
+            assert g.dtype == dtype, g.dtype
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+        assert_clean()
+
+
+@check
 def w10_backward_with_and_without_inputs():
     # The fused backward: Ascend 950 from CANN 9.0 (its required gradCos/gradSin
     # outputs get buffers without query/key too); RotaryPositionEmbeddingGrad on
