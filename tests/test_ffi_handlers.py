@@ -93,21 +93,31 @@ PLACEHOLDERS = dict(mask=np.zeros((1, 1, 1, 1), np.uint8), bias=np.zeros((1,), n
                     drop_rows=np.zeros((1, 1), np.uint32), drop_mask=np.zeros((1,), np.uint8))
 
 
-def call_attention_forward(q, k, v, table, layout=BSND, mask=None, bias_kind=0, after_scale=0,
-                           dropout=0, keep_threshold=2**32, keep_scale=1.0, **extras):
-    """A raw call of the attention forward handler (statistics (B, N1, Sq) or (Tq, N1))."""
+def forward_results(q, v, layout=BSND):
+    """The forward's results: out, and the statistics (B, N1, Sq) or (Tq, N1)."""
     stats = (q.shape[0], q.shape[2], q.shape[1]) if layout == BSND else (q.shape[0], q.shape[1])
-    outs = (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
+    return (jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype),
             jax.ShapeDtypeStruct(stats, jnp.float32), jax.ShapeDtypeStruct(stats, jnp.float32))
+
+
+def call_attention(target, arrays, outs, layout=BSND, mask=None, bias_kind=0, after_scale=0,
+                   dropout=0, keep_threshold=2**32, keep_scale=1.0, **extras):
+    """A raw call of an attention handler: its tensors, then the optional operands."""
     operands = dict(PLACEHOLDERS, **extras)
     if mask is not None:
         operands["mask"] = mask
-    fn = jax.ffi.ffi_call("jax_rope_attention_fwd", outs)
+    fn = jax.ffi.ffi_call(target, outs)
     return jax.block_until_ready(fn(
-        q, k, v, table, *operands.values(), layout=layout, scale=np.float32(0.5),
+        *arrays, *operands.values(), layout=layout, scale=np.float32(0.5),
         has_mask=np.int32(operands["mask"].size > 1), bias_kind=np.int32(bias_kind),
         bias_after_scale=np.int32(after_scale), dropout=np.int32(dropout),
         keep_threshold=np.int64(keep_threshold), keep_scale=np.float32(keep_scale)))
+
+
+def call_attention_forward(q, k, v, table, layout=BSND, outs=None, **kw):
+    """A raw call of the attention forward handler."""
+    return call_attention("jax_rope_attention_fwd", (q, k, v, table),
+                          outs or forward_results(q, v, layout), layout=layout, **kw)
 
 
 _B, _S, _N = 2, 8, 2
@@ -173,3 +183,73 @@ def test_attention_handler_zero_fills_tnd_padding():
     np.testing.assert_array_equal(np.asarray(smax)[4:], np.float32(-3.4028235e38))
     np.testing.assert_array_equal(np.asarray(ssum)[4:], np.float32(3.4028235e38))
     np.testing.assert_allclose(np.asarray(out)[:4], 3.0)
+
+
+_Q = jnp.ones((2, 8, 2, 4), jnp.float32)
+_TABLE = jnp.asarray([[0, 8, 0, 8] + OPEN_BAND] * 2, jnp.int32)
+_SHAPE = jax.ShapeDtypeStruct
+
+
+@pytest.mark.parametrize("case, message", [
+    (dict(layout=np.int32(9)), "unknown layout code 9"),
+    (dict(v=jnp.ones((2, 7, 2, 4))), "key and value must agree"),
+    (dict(k=jnp.ones((1, 8, 2, 4)), v=jnp.ones((1, 8, 2, 4))), "key and value must agree"),
+    (dict(k=jnp.ones((2, 8, 3, 4)), v=jnp.ones((2, 8, 3, 4))), "N1 must be a multiple of N2"),
+    (dict(k=jnp.ones((2, 8, 2, 6))), "need D\\(key\\) == D\\(query\\)"),
+    (dict(v=jnp.ones((2, 8, 2, 6))), "Dv <= D"),
+    (dict(v=jnp.ones((2, 8, 2, 4), jnp.float16)), "value must have query's dtype"),
+    (dict(table=_TABLE[:, :6]), "sequence table must be int32 \\(B, 7\\)"),
+    (dict(table=_TABLE[:1]), "a row per batch entry"),
+    (dict(mask=np.zeros((1, 1, 4, 8), np.uint8)), "atten_mask must be"),
+    (dict(mask=np.zeros((3, 1, 8, 8), np.uint8)), "atten_mask must be"),
+    (dict(mask=np.zeros((2, 3, 8, 8), np.uint8)), "atten_mask must be"),
+    (dict(outs=(_SHAPE((2, 8, 2, 4), jnp.float16),) + forward_results(_Q, _Q)[1:]),
+     "attention_out has an unexpected shape or dtype"),
+    (dict(outs=forward_results(_Q, _Q)[:1] + (_SHAPE((2, 8, 2), jnp.float32),) * 2),
+     "softmax_max has an unexpected shape or dtype"),
+])
+def test_attention_handler_refuses_inconsistent_tensors(case, message):
+    """The forward handler re-checks the tensors' geometry, the sequence table, the mask's
+    shape and its results' shapes and dtypes: an FFI error naming what is wrong."""
+    q, k, v = (case.pop(name, _Q) for name in ("q", "k", "v"))
+    table = case.pop("table", _TABLE)
+    with pytest.raises(Exception, match=message):
+        call_attention_forward(q, k, v, table, **case)
+
+
+def test_attention_handler_refuses_a_packed_pse_of_the_wrong_size():
+    q = jnp.ones((12, 2, 4), jnp.float32)
+    table = jnp.asarray([[0, 4, 0, 4] + OPEN_BAND, [4, 8, 4, 8] + OPEN_BAND], jnp.int32)
+    cells = 4 * 4 + 8 * 8
+    with pytest.raises(Exception, match=f"packed pse must be \\(N1, sum of q_len \\* kv_len\\)"
+                                        f" = \\(2, {cells}\\)"):
+        call_attention_forward(q, q, q, table, layout=TND, bias_kind=3,
+                               bias=np.zeros((2, cells - 1), np.float32))
+    call_attention_forward(q, q, q, table, layout=TND, bias_kind=3,
+                           bias=np.zeros((2, cells), np.float32))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    ("dout", "grad of attention_out has an unexpected shape or dtype"),
+    ("softmax_sum", "softmax_sum has an unexpected shape or dtype"),
+    ("dkey", "dkey has an unexpected shape or dtype"),
+])
+def test_attention_backward_handler_refuses_inconsistent_tensors(wrong, message):
+    """The backward handler checks its saved tensors and its results as the forward does."""
+    q = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 2, 4)), jnp.float32)
+    out, smax, ssum = call_attention_forward(q, q, q, _TABLE)
+    saved = dict(out=out, dout=out, softmax_max=smax, softmax_sum=ssum)
+    results = dict(dquery=_SHAPE(q.shape, q.dtype), dkey=_SHAPE(q.shape, q.dtype),
+                   dvalue=_SHAPE(q.shape, q.dtype))
+
+    def call():
+        return call_attention("jax_rope_attention_bwd", (q, q, q, *saved.values(), _TABLE),
+                              tuple(results.values()))
+    dq, dk, dv = call()  # the good call
+    assert np.isfinite(np.asarray(dq)).all() and np.abs(np.asarray(dv)).sum() > 0
+    if wrong in saved:
+        saved[wrong] = saved[wrong][:, :, :1]
+    else:
+        results[wrong] = _SHAPE(q.shape, jnp.float16)
+    with pytest.raises(Exception, match=message):
+        call()
