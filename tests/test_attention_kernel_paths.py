@@ -124,6 +124,17 @@ def test_decode_layouts(layout, group, sq, dtype):
     _check(args, kw)
 
 
+# A run of 8 kv heads at D = 512 holds 1 MiB of float32 V per key block (512 KiB in
+# bfloat16): more than a quarter of the L2 of the CPUs this runs on, so the dot scores
+# do not ask for the V rows but for K rows a few steps ahead of their own (NextKeyRows).
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_decode_runs_too_large_to_wait_in_l2(dtype):
+    rng = _rng("large runs", np.dtype(dtype).name)
+    args, kw = ao.make_case(rng, "BSND", dtype, B=1, Sq=1, Skv=1100, N1=16, N2=8, D=512,
+                            sparse_mode=3)
+    _check(args, kw)
+
+
 @pytest.mark.parametrize("n2,layout", [(1, "BSND"), (4, "BSND"), (4, "BNSD")])
 def test_masked_kv_rows_do_not_leak(n2, layout):
     """NaN/Inf in key/value rows that the band masks out (keys 0-598; the block from key 576
