@@ -129,3 +129,84 @@ def test_property_masked_positions_have_no_influence(backend, data):
     call = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kw)[0]
     visible = ~np.asarray(jr.sparse_mask(mode, sq, skv, **kw))[0]
     check_no_influence(backend, call, q, k, v, visible, 1, rows, [(target, poison)])
+
+
+QUERY_SIDE = [  # (sparse_mode, kwargs, S, poisoned query rows)
+    (2, {}, 200, [3, 130]),  # in the diagonal tiles of two query blocks
+    (4, dict(pre_tokens=20, next_tokens=3), 96, [10, 64]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("target", ["query", "dout"])
+@pytest.mark.parametrize("mode, kw, s, rows", QUERY_SIDE, ids=["2", "4"])
+def test_poisoned_query_rows_reach_only_the_keys_they_see(backend, target, mode, kw, s, rows):
+    """NaN in a query row, or in the gradient of its output, reaches the key and value
+    gradients of the keys that row sees and no others: theirs stay finite and as they are
+    when the row holds 0 (bit for bit in the fallback; in the kernels up to rounding, as a
+    non-finite row changes how its 64-row query block keeps its softmax shifts)."""
+    require_backend(backend)
+    q, k, v, dout = (normal((1, s, 2, 16), seed) for seed in range(4))
+    call = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode, **kw)[0]
+    with jr.backend(backend):
+        grads = jax.jit(lambda q, dout: jax.vjp(call, q, k, v)[1](dout))
+    index = (slice(None), np.asarray(rows))
+
+    def run(x):
+        args = (q.at[index].set(x), dout) if target == "query" else (q, dout.at[index].set(x))
+        with jr.backend(backend):
+            return [np.asarray(g) for g in grads(*args)]
+    base, got = run(0.0), run(np.nan)
+    visible = ~np.asarray(jr.sparse_mask(mode, s, s, **kw))[0]
+    seen = visible[rows].any(axis=0)  # keys some poisoned row sees
+    for name, b, g in (("dkey", base[1], got[1]), ("dvalue", base[2], got[2])):
+        assert not np.isfinite(g[:, seen]).all(), name  # the poison does arrive: can fail
+        assert np.isfinite(g[:, ~seen]).all(), name
+        if backend == "fallback":
+            np.testing.assert_array_equal(g[:, ~seen], b[:, ~seen], err_msg=name)
+        else:
+            np.testing.assert_allclose(g[:, ~seen], b[:, ~seen], rtol=1e-5, atol=1e-6,
+                                       err_msg=name)
+
+
+POISONS = [  # (target, poisoned rows): NaN query rows, NaN/Inf key rows seen, NaN value and dout
+    ("query", [3, 130]), ("key", [20]), ("key", [150]), ("value", [40]), ("dout", [100])]
+
+
+@pytest.mark.parametrize("target, rows", POISONS, ids=[f"{t}-{r[0]}" for t, r in POISONS])
+@pytest.mark.parametrize("sq, skv, mode", [(200, 200, 2), (1, 1100, 3), (3, 1100, 3)],
+                         ids=["blocks", "decode", "decode-3"])
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_rows_reached_by_nan_are_nan_alike_on_both_backends(target, rows, sq, skv, mode, poison):
+    """Where a NaN or Inf reaches a row's scores, its output, softmax_max and softmax_sum
+    are NaN (never the statistics of a dead row, nor a max XLA's reduction happened to take
+    from the other scores), and its gradient reaches every key it sees: the kernels and the
+    fallback give NaN at the same elements of every output and gradient."""
+    for backend in BACKENDS:
+        require_backend(backend)
+    rows = sorted({min(r, (sq if target in ("query", "dout") else skv) - 1) for r in rows})
+    q = normal((1, sq, 4, 16), 0)
+    k, v = normal((1, skv, 2, 16), 1), normal((1, skv, 2, 16), 2)
+    dout = normal((1, sq, 4, 16), 3)
+    index = (slice(None), np.asarray(rows))
+    args = dict(query=q, key=k, value=v, dout=dout)
+    args[target] = args[target].at[index].set(poison)
+    call = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=mode)
+
+    def run(q, k, v, dout):
+        return tuple(call(q, k, v)) + jax.vjp(lambda *a: call(*a)[0], q, k, v)[1](dout)
+    results = {}
+    for backend in BACKENDS:
+        with jr.backend(backend):
+            results[backend] = [np.asarray(x) for x in jax.jit(run)(
+                args["query"], args["key"], args["value"], args["dout"])]
+    names = ["out", "softmax_max", "softmax_sum", "dquery", "dkey", "dvalue"]
+    for name, a, b in zip(names, results["ffi"], results["fallback"]):
+        # (an Inf that products reach stays Inf in the kernels, the fallback makes it NaN)
+        np.testing.assert_array_equal(np.isfinite(a), np.isfinite(b), err_msg=name)
+    for backend in BACKENDS:
+        _, smax, ssum = results[backend][:3]
+        np.testing.assert_array_equal(np.isnan(smax), np.isnan(ssum), err_msg=backend)
+        np.testing.assert_array_equal(np.isnan(ssum), ~np.isfinite(ssum), err_msg=backend)
+    if target in ("query", "key"):
+        assert np.isnan(ssum).any()  # the poison reached some row: the check can fail

@@ -45,8 +45,10 @@ float RowDot(const T* a, const T* b, int64_t n) {
 }
 
 // Saved statistics of rows [r0, r0 + nr) as exp shift, 1 / sum and row delta;
-// rows without a visible key (or unusable statistics) get p = 0. Zero padded
-// to RoundUpToTile(nr).
+// rows without a visible key (or unusable statistics) get p = 0, rows whose sum
+// is NaN (a NaN or Inf reached their scores: NaN output) NaN at every visible
+// position (softmax_grad keeps masked ones 0), so that their gradient reaches
+// every key they see. Zero padded to RoundUpToTile(nr).
 template <typename T>
 void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBackwardArgs<T>& a,
                const float* row_delta, int64_t b, int64_t n, int64_t r0, int64_t nr,
@@ -57,7 +59,9 @@ void LoadStats(const AttentionGeometry& g, const Band& band, const AttentionBack
     const int64_t idx = Offset(g.stats, b, band.q_start + r0 + i, n);
     const float mx = a.softmax_max[idx];
     const float sm = a.softmax_sum[idx];
-    if (mx > kMaskValue && std::isfinite(mx) && sm > 0.0f && std::isfinite(sm)) {
+    if (std::isnan(sm)) {
+      ws.sum[i] = sm;
+    } else if (mx > kMaskValue && std::isfinite(mx) && sm > 0.0f && std::isfinite(sm)) {
       ws.max[i] = mx;
       ws.sum[i] = 1.0f / sm;
       ws.delta[i] = row_delta[idx];

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <new>
 #include <vector>
 
@@ -27,6 +29,15 @@ inline int64_t Offset(const Strides& s, int64_t b, int64_t row, int64_t head) {
 inline bool ValidGeometry(const AttentionGeometry& g) {
   return g.batch >= 0 && g.q_heads > 0 && g.kv_heads > 0 && g.q_heads % g.kv_heads == 0 &&
          g.head_dim > 0 && g.value_dim > 0;
+}
+
+// The softmax_max the forward stores for a row, from the largest of its visible
+// scores (-inf: none) and its sum: kMaskValue for a row with no visible key, NaN
+// where the sum is NaN (a NaN or Inf reached the row's scores: its output is NaN
+// and LoadStats gives it NaN probabilities), as the fallback stores them.
+inline float RowMax(float max, float sum) {
+  if (std::isnan(sum)) return std::numeric_limits<float>::quiet_NaN();
+  return max == -std::numeric_limits<float>::infinity() ? kMaskValue : max;
 }
 
 // Block-aligned starts of the blocks that hold indices [first, last]:

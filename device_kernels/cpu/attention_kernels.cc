@@ -282,7 +282,7 @@ void ForwardItem(const AttentionGeometry& g, const SequenceBand* seqs,
       // step kept the shift).
       const float high = std::max(mx[i], top[i]);
       const float sum = high > mx[i] ? sm[i] * std::exp(mx[i] - high) : sm[i];
-      a.softmax_max[idx] = high == kNegInf ? kMaskValue : high;
+      a.softmax_max[idx] = RowMax(high, sum);
       a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
     }
   }

@@ -51,7 +51,7 @@ void MergeGroup(const AttentionGeometry& g, const SequenceBand* seqs,
     const bool dead = mx == kNegInf && sum == 0.0f;
     StoreRows(acc, dvp, 1, dv, dead ? 0.0f : 1.0f / sum, a.out + Offset(g.out, b, row, n), 0);
     const int64_t idx = Offset(g.stats, b, row, n);
-    a.softmax_max[idx] = mx == kNegInf ? kMaskValue : mx;
+    a.softmax_max[idx] = RowMax(mx, sum);
     a.softmax_sum[idx] = dead ? kDeadRowSum : sum;
   }
 }

@@ -114,7 +114,9 @@ def attention_scores(query, key, table, *extras, options: AttentionOptions):
 
 
 def _probabilities(scores, visible, softmax_max, softmax_sum):
-    live = softmax_max > MASK_VALUE
+    # Rows with a NaN sum (a NaN or Inf reached their scores) get NaN at every visible
+    # position, so that their gradient reaches every key they see.
+    live = (softmax_max > MASK_VALUE) | jnp.isnan(softmax_sum)
     safe_max = jnp.where(live, softmax_max, 0.0)[..., None]
     p = jnp.exp(scores - safe_max) / softmax_sum[..., None]
     return jnp.where(visible & live[..., None], p, 0.0)  # masked: exactly 0, even if sum is NaN
@@ -158,8 +160,9 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
     the kept probabilities after normalization (statistics undropped)."""
     extras = _extras(options, extras)
     p, visible, live, top = _exponentials(options, query, key, table, extras)
-    row_max = jnp.where(live, top, MASK_VALUE)
     row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
+    # NaN where the sum is NaN: XLA's max may or may not skip a NaN score, by shape.
+    row_max = jnp.where(jnp.isnan(row_sum), jnp.nan, jnp.where(live, top, MASK_VALUE))
     kept = _keep_scale(options, table, extras, p.shape)
     v = _to_bnsd(value, options).astype(jnp.float32)
     v = jnp.repeat(v, p.shape[1] // v.shape[1], axis=1)

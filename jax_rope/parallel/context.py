@@ -83,7 +83,10 @@ def _pair_backward(branch, scale, q, k, v, out, dout, lse):
                        **_call_kwargs(branch, scale))
     dead = jnp.isneginf(lse)
     softmax_max = jnp.where(dead, MASK_VALUE, lse)
-    softmax_sum = jnp.where(dead, DEAD_ROW_SUM, 1.0).astype(jnp.float32)
+    # A NaN lse (a NaN or Inf reached the row's scores) keeps its NaN sum: the backward then
+    # sends NaN to every key the row sees, as the whole-sequence call does.
+    softmax_sum = jnp.where(dead, DEAD_ROW_SUM, jnp.where(jnp.isnan(lse), jnp.nan, 1.0))
+    softmax_sum = softmax_sum.astype(jnp.float32)
     grads = ops.backward(call.options, call.query, call.key, call.value, out, dout,
                          softmax_max, softmax_sum, call.table, call.extras)
     return tuple(g.astype(jnp.float32) for g in grads)
