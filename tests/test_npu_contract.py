@@ -191,3 +191,50 @@ def test_npu_platform_naming_a_jax_platform_is_an_error():
     assert run.returncode != 0
     assert "JAX_ROPE_NPU_PLATFORM must name the Ascend NPU's PJRT platform" in run.stderr, \
         run.stderr[-2000:]
+
+
+_DESCRIBE = ("import jax_rope as jr, jax.numpy as jnp\n"
+             "info = jr.describe(as_dict=True)\n"
+             "print('runtime', info['NPU runtime'])\n"
+             "for op, where in info['NPU operators'].items(): print('op', op, where)\n")
+
+
+def describe_in(env):
+    out = subprocess.run([sys.executable, "-c", _DESCRIBE], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    ops = dict(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("op "))
+    return out.splitlines()[0], ops
+
+
+@pytest.mark.parametrize("value, disabled", [("1", True), ("yes", True), ("0", False),
+                                             ("", False)])
+def test_disable_npu_variable(trees, native, value, disabled):
+    env = dict(sim_env(trees[85], native, "A2", 85), JAX_ROPE_DISABLE_NPU=value)
+    runtime, _ = describe_in(env)
+    if disabled:
+        assert runtime == "runtime absent (disabled by JAX_ROPE_DISABLE_NPU)", runtime
+    else:
+        assert runtime.startswith("runtime available (libascendcl from "), runtime
+
+
+def test_custom_operator_builds_come_first(trees, native, tmp_path):
+    """$ASCEND_CUSTOM_OPP_PATH entries (absolute ones, in order), then
+    $ASCEND_OPP_PATH/vendors/*, then the install's libraries: here a CANN 8.0 tree
+    (no ApplyRotaryPosEmbV2) with the 8.5 operators as a custom build."""
+    custom = tmp_path / "custom" / "vendor_a" / "op_api" / "lib"
+    custom.mkdir(parents=True)
+    (custom / "libcust_opapi.so").symlink_to(native / native_build.SIMULATOR_OPS.format(85))
+    vendors = tmp_path / "opp" / "vendors" / "vendor_b" / "op_api" / "lib"
+    vendors.mkdir(parents=True)
+    (vendors / "libcust_opapi.so").symlink_to(native / native_build.SIMULATOR_OPS.format(90))
+    env = sim_env(trees[80], native, "A2", 80)
+    _, plain = describe_in(env)
+    assert plain["aclnnApplyRotaryPosEmbV2"] == "missing", plain
+    assert plain["aclnnFlashAttentionScore"].endswith("lib64/libopapi.so"), plain
+    env.update(ASCEND_CUSTOM_OPP_PATH=f"relative/dir:{tmp_path / 'custom' / 'vendor_a'}",
+               ASCEND_OPP_PATH=str(tmp_path / "opp"))
+    _, ops = describe_in(env)
+    first, second = str(custom / "libcust_opapi.so"), str(vendors / "libcust_opapi.so")
+    assert ops["aclnnApplyRotaryPosEmbV2"] == first, ops
+    assert ops["aclnnFlashAttentionScore"] == first, ops
+    assert ops["aclnnApplyRotaryPosEmbGrad"] == second, ops  # 9.0 only: the vendors' build
