@@ -7,6 +7,7 @@ same calls must take the fallback and give the same numbers."""
 
 import ctypes
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -176,6 +177,41 @@ def attention_invalid_traced_lengths_and_prefix_are_refused():
                 assert CORE.jax_rope_sim_live_tensors() == 0
                 continue
             raise AssertionError(f"accepted: {message}")
+
+
+@check
+def attention_handlers_refuse_unknown_attributes():
+    # The NPU handlers decode their attributes again: a lowering that sent an unknown code
+    # or an out-of-range value gets an FFI error naming it, forward and backward (the
+    # bad attributes go to that one's lowering only), and no operator is called.
+    from jax_rope.attention import npu_lowering
+    forward = lambda q: jr.flash_attention_score(q, q, q, sparse_mode=2)
+    backward = jax.grad(lambda q: jnp.sum(forward(q)[0]))
+    original = npu_lowering._npu_attributes
+    cases = [(change, message, name, fn)
+             for change, message in ((dict(layout=np.int32(9)), "unknown layout code 9"),
+                                     (dict(sparse_mode=np.int32(11)),
+                                      "unknown sparse_mode code 11"),
+                                     (dict(pse_type=np.int32(4)), "pse_type 4 without pse"),
+                                     (dict(keep_prob=np.float64(1.5)), "keep_prob must be in"))
+             for name, fn in (("forward", forward), ("backward", backward))]
+    for rows, (change, message, name, fn) in enumerate(cases, 4):
+        q = normal((1, rows, 2, 16), rows)  # a shape of its own: nothing lowered is reused
+
+        def attributes(options, change=change, name=name):
+            caller = sys._getframe(1).f_code.co_qualname  # npu_forward.<locals>.call
+            bad = caller.startswith(f"npu_{name}.")
+            return {**original(options), **(change if bad else {})}
+        npu_lowering._npu_attributes = attributes
+        try:
+            jax.block_until_ready(jax.jit(fn)(q))
+        except Exception as e:  # noqa: BLE001
+            assert re.search(f"NPU attention {name}: {re.escape(message)}", str(e)), str(e)
+            assert CORE.jax_rope_sim_live_tensors() == 0
+            continue
+        finally:
+            npu_lowering._npu_attributes = original
+        raise AssertionError(f"accepted: {change} ({name})")
 
 
 @check
