@@ -124,13 +124,15 @@ def test_decode_layouts(layout, group, sq, dtype):
     _check(args, kw)
 
 
-# A run of 8 kv heads at D = 512 holds 1 MiB of float32 V per key block (512 KiB in
-# bfloat16): more than a quarter of the L2 of the CPUs this runs on, so the dot scores
-# do not ask for the V rows but for K rows a few steps ahead of their own (NextKeyRows).
-@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-def test_decode_runs_too_large_to_wait_in_l2(dtype):
+# Runs whose V blocks are larger than a quarter of the L2 (AskValuesBytes; 256 KiB with this
+# machine type's 1 MiB): the dot scores do not ask for the V rows but for K rows a few steps
+# ahead of their own (NextKeyRows). 128 items (B16 x N2=8, one chunk each) go to two threads
+# in ranges of 4, runs of 4 kv heads: 512 KiB of V per key block at D = 512 in float32, and
+# at D = 1024 in bfloat16.
+@pytest.mark.parametrize("dtype, d", [(np.float32, 512), (ml_dtypes.bfloat16, 1024)])
+def test_decode_runs_too_large_to_wait_in_l2(dtype, d):
     rng = _rng("large runs", np.dtype(dtype).name)
-    args, kw = ao.make_case(rng, "BSND", dtype, B=1, Sq=1, Skv=1100, N1=16, N2=8, D=512,
+    args, kw = ao.make_case(rng, "BSND", dtype, B=16, Sq=1, Skv=130, N1=16, N2=8, D=d,
                             sparse_mode=3)
     _check(args, kw)
 
