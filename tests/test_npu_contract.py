@@ -33,13 +33,12 @@ CHIPS = {"A2": "Ascend910B2", "A3": "Ascend910_9392", "310P": "Ascend310P3",
 EVERYWHERE = ["forward_bsnd_half", "forward_tnd_half",
               "w3_interleave_and_quarter_are_not_sent_to_old_chips", "w4_rope_beyond_the_ub_limit",
               "w11_partial_rotary_only_where_the_cann_accepts_it",
-              "forward_float16_matches_fallback", "rope_16_bit_dtypes",
-              "w10_backward_with_and_without_inputs",
+              "forward_float16_matches_fallback", "w10_backward_with_and_without_inputs",
               "w1_operators_resolved_per_library", "describe_reports_simulated_runtime",
               "attention_mode0_no_mask", "w6_mode0_mask_and_band",
               "w7_rows_masked_by_the_user_mask", "w8_prefix_mode_with_a_shared_mask",
               "w5_tnd_statistics_with_several_heads", "w9_host_lists_read_through_pinned_memory",
-              "attention_mode2_bnsd_value_dim", "attention_16_bit_dtypes",
+              "attention_mode2_bnsd_value_dim",
               "attention_mode3_sbh", "attention_mode4_band", "attention_tnd_varlen_mode3",
               "attention_tnd_varlen_mode8_split",
               "attention_tnd_causal_with_sq_above_skv_is_rejected",
@@ -61,11 +60,11 @@ def checks_for(chip, gen):
         names += BIAS_DROPOUT
     if chip != "unsupported":
         names.append("wrong_call_through_handler_is_an_ffi_error")
-    if chip != "unsupported" and gen >= 85:
-        names += ["wrong_call_directly_is_rejected",
+    if chip != "unsupported" and gen >= 85:  # where a RoPE kernel runs (16-bit: the glue's)
+        names += ["rope_16_bit_dtypes", "wrong_call_directly_is_rejected",
                   "executor_freed_when_workspace_allocation_fails"]
     if chip in ("A2", "A3"):
-        names += ["attention_wrong_calls_directly_are_rejected",
+        names += ["attention_wrong_calls_directly_are_rejected", "attention_16_bit_dtypes",
                   "attention_handlers_refuse_unknown_attributes",
                   "bias_dropout_wrong_calls_directly_are_rejected",
                   "a2_backward_uses_rotary_position_embedding_grad"]
