@@ -172,6 +172,8 @@ def check_context_parallel(backend, devices):
             got_g = jax.jit(jax.grad(lambda *a: jnp.sum(cp(*a) * w), (0, 1, 2)))(q, k, v)
             for g, h in zip(got_g, want_g):
                 _close(g, h, 1e-4)
+        if devices != 4:  # (compiling for 8 devices as well would add little)
+            return
         # A NaN query row and a NaN key row (seen by the three rows after it in a band)
         # reach the elements they reach in the whole-sequence call: NaN at the same places
         # of the output and of every gradient, the others finite.
