@@ -146,6 +146,19 @@ def forward_float16_matches_fallback():
                                    rtol=1e-3, atol=1e-3)
 
 
+def backward_with_inputs_case(gq, gk, c, s, q, k, tol):
+    """The backward with query/key: its expected path here (by the audit) and the float64
+    oracle within tol. Returns (the gradients, the oracle's)."""
+    fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a[:4], query=a[4], key=a[5]))
+    assert_backward_path(fn.lower(gq, gk, c, s, q, k).as_text(), True)
+    want = oracle.apply_rotary_pos_emb_grad(*(np.asarray(x, np.float64)
+                                              for x in (gq, gk, c, s, q, k)))
+    got = fn(gq, gk, c, s, q, k)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+    return got, want
+
+
 @check
 def rope_16_bit_dtypes():
     # bfloat16 and float16 through the glue (ACL_BF16 / ACL_FLOAT16), forward and the
@@ -157,13 +170,8 @@ def rope_16_bit_dtypes():
             CHIP == "310P" and dtype == jnp.bfloat16), dtype=dtype, tol=tol)
         q, k, c, s = (rand(x, dtype, i) for i, x in enumerate(shapes))
         gq, gk = rand(shapes[0], dtype, 7), rand(shapes[1], dtype, 8)
-        fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a[:4], query=a[4], key=a[5]))
-        assert_backward_path(fn.lower(gq, gk, c, s, q, k).as_text(), True)
-        want = oracle.apply_rotary_pos_emb_grad(*(np.asarray(x, np.float64)
-                                                  for x in (gq, gk, c, s, q, k)))
-        for g, w in zip(fn(gq, gk, c, s, q, k), want):
+        for g in backward_with_inputs_case(gq, gk, c, s, q, k, tol)[0]:
             assert g.dtype == dtype, g.dtype
-            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
         assert_clean()
 
 
@@ -175,12 +183,7 @@ def w10_backward_with_and_without_inputs():
     shapes = [(2, 3, 4, 64), (2, 3, 2, 64), (1, 3, 1, 64), (1, 3, 1, 64)]
     q, k, c, s = (rand(x, jnp.float32, i) for i, x in enumerate(shapes))
     gq, gk = rand(shapes[0], seed=7), rand(shapes[1], seed=8)
-    fn = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a[:4], query=a[4], key=a[5]))
-    assert_backward_path(fn.lower(gq, gk, c, s, q, k).as_text(), True)
-    want = oracle.apply_rotary_pos_emb_grad(*(np.asarray(x, np.float64)
-                                              for x in (gq, gk, c, s, q, k)))
-    for g, w in zip(fn(gq, gk, c, s, q, k), want):
-        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5, atol=1e-5)
+    want = backward_with_inputs_case(gq, gk, c, s, q, k, 1e-5)[1]
     no_inputs = jax.jit(lambda *a: jr.apply_rotary_pos_emb_grad(*a)[:2])
     assert_backward_path(no_inputs.lower(gq, gk, c, s).as_text(), False)
     for g, w in zip(no_inputs(gq, gk, c, s), want[:2]):
