@@ -70,6 +70,8 @@ def checks_for(chip, gen):
                   "a2_backward_uses_rotary_position_embedding_grad"]
     if chip in ("A2", "A3") and gen >= 85:
         names.append("rotary_position_embedding_grad_wrong_calls_are_rejected")
+    if chip in ("A2", "A3") or (chip != "unsupported" and gen >= 85):  # a kernel runs
+        names.append("runtime_failures_are_ffi_errors")
     if chip == "unsupported":
         names.append("w12_unsupported_soc_takes_the_fallback")
     return names
@@ -152,7 +154,8 @@ def test_contract(results, combo, name):
 def test_every_check_runs_somewhere():
     # The check modules need the simulated runtime to import: read their names.
     names = set()
-    for file in ("contract_checks.py", "attention_checks.py", "bias_dropout_checks.py"):
+    for file in ("contract_checks.py", "attention_checks.py", "bias_dropout_checks.py",
+                 "runtime_failure_checks.py"):
         text = open(os.path.join(HERE, "npu_sim", file)).read()
         names |= {line.split("def ", 1)[1].split("(", 1)[0]
                   for line, prev in zip(text.splitlines()[1:], text.splitlines())

@@ -44,6 +44,7 @@ typedef aclError (*AclrtMemcpyFn)(void* dst, size_t dest_max, const void* src, s
                                   int32_t kind);
 typedef aclError (*AclrtSynchronizeStreamFn)(aclrtStream stream);
 typedef aclError (*AclrtMallocFn)(void** ptr, size_t size, int32_t policy);
+typedef aclError (*AclrtFreeFn)(void* ptr);
 typedef aclError (*AclrtGetDeviceFn)(int32_t* device_id);
 // Page-locked host memory: CANN 8.0/8.1 require it for asynchronous
 // device-to-host copies (aclrtMemcpyAsync's documented contract).

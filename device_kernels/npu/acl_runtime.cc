@@ -144,6 +144,7 @@ RuntimeState Load() {
   JAX_ROPE_RESOLVE(acl, aclrtMemcpy);
   JAX_ROPE_RESOLVE(acl, aclrtSynchronizeStream);
   JAX_ROPE_RESOLVE(acl, aclrtMalloc);
+  JAX_ROPE_RESOLVE(acl, aclrtFree);
   JAX_ROPE_RESOLVE(acl, aclrtGetDevice);
   JAX_ROPE_RESOLVE(acl, aclrtMallocHost);
   JAX_ROPE_RESOLVE(acl, aclrtFreeHost);

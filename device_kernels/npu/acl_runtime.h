@@ -24,6 +24,7 @@ struct AclApi {
   AclrtMemcpyFn aclrtMemcpy = nullptr;
   AclrtSynchronizeStreamFn aclrtSynchronizeStream = nullptr;
   AclrtMallocFn aclrtMalloc = nullptr;
+  AclrtFreeFn aclrtFree = nullptr;
   AclrtGetDeviceFn aclrtGetDevice = nullptr;
   AclrtMallocHostFn aclrtMallocHost = nullptr;
   AclrtFreeHostFn aclrtFreeHost = nullptr;

@@ -32,7 +32,7 @@ std::string CompressedMask(const Device& device, SparseMode sparse_mode, DeviceT
   const bool prefix = sparse_mode == SparseMode::kPrefixCompress;
   const int64_t rows = prefix ? 3072 : 2048, cols = 2048;
   int32_t device_id = 0;
-  api.aclrtGetDevice(&device_id);
+  if (aclError e = api.aclrtGetDevice(&device_id); e != 0) return Failure("aclrtGetDevice", e);
   std::lock_guard<std::mutex> lock(mutex);
   void*& data = cache[{device_id, prefix}];
   if (data == nullptr) {
@@ -48,7 +48,9 @@ std::string CompressedMask(const Device& device, SparseMode sparse_mode, DeviceT
     }
     if (aclError e = api.aclrtMemcpy(buffer, host.size(), host.data(), host.size(),
                                      kAclMemcpyHostToDevice); e != 0) {
-      return Failure("aclrtMemcpy (compressed mask)", e);
+      const std::string failure = Failure("aclrtMemcpy (compressed mask)", e);
+      api.aclrtFree(buffer);  // the next call builds it again
+      return failure;
     }
     data = buffer;
   }

@@ -154,6 +154,14 @@ std::string CheckSequences(const AttentionArgs& a, const Sizes& s, std::vector<S
   return "";
 }
 
+// True when `data` is a block aclrtMalloc gave on the device the process is on
+// now (the real device faults on another device's memory, or on freed memory).
+// Planning runs under Shared().mutex.
+bool OnThisDevice(const void* data) {
+  auto it = Shared().device_blocks.find(data);
+  return it != Shared().device_blocks.end() && it->second == Shared().device;
+}
+
 // Modes and masks: which mask each mode needs, the token rules, the band table.
 std::string CheckMaskAndBands(const AttentionArgs& a, const Sizes& s, AttentionPlan* p) {
   const int64_t mode = a.sparse_mode;
@@ -165,6 +173,7 @@ std::string CheckMaskAndBands(const AttentionArgs& a, const Sizes& s, AttentionP
     const std::vector<int64_t> want = {prefix ? kPrefixRows : kCompressed, kCompressed};
     if (m == nullptr) return "sparseMode " + S(mode) + " needs the compressed attenMask (without one the operator computes full attention)";
     if (m->dims != want) return "sparseMode " + S(mode) + " needs the " + S(want[0]) + "x2048 compressed attenMask, got " + Shape(m);
+    if (!OnThisDevice(m->data)) return "the compressed attenMask is not device memory of this device";
     const auto& expect = CompressedMask(prefix);
     if (std::memcmp(m->data, expect.data(), expect.size()) != 0) return "the compressed attenMask has the wrong contents";
   } else if (m != nullptr) {

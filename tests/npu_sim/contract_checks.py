@@ -371,9 +371,11 @@ def executor_freed_when_workspace_allocation_fails():
 
 from attention_checks import ATTENTION_CHECKS  # noqa: E402
 from bias_dropout_checks import BIAS_DROPOUT_CHECKS  # noqa: E402
+from runtime_failure_checks import RUNTIME_FAILURE_CHECKS  # noqa: E402
 
 CHECKS.update(ATTENTION_CHECKS)
 CHECKS.update(BIAS_DROPOUT_CHECKS)
+CHECKS.update(RUNTIME_FAILURE_CHECKS)
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CHECKS):

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -38,6 +39,13 @@ struct State {
   // them back with jax_rope_sim_last_drop_mask).
   std::vector<uint8_t> last_drop_mask;
   int generation = 0;  // CANN generation x 10 (80, 85, 90), set by the operator libraries
+  // Device memory (aclrtMalloc): each block and the device it was taken on, and
+  // the device aclrtGetDevice reports now (jax_rope_sim_set_device).
+  std::map<const void*, int32_t> device_blocks;
+  int32_t device = 0;
+  // Failures the checks inject (jax_rope_sim_fail_next): runtime function -> the
+  // status its next call returns.
+  std::map<std::string, int32_t> failures;
 };
 JAX_ROPE_SIM_EXPORT State& Shared();
 // The SoC aclrtGetSocName reports (JAX_ROPE_SIM_SOC; default Ascend910B2).

@@ -4,6 +4,8 @@
 // (live descriptors, executors, the recent error). The contract tests install
 // it as lib64/libascendcl.so and lib64/libnnopbase.so of a simulated CANN
 // tree; the operators are in sim_ops.cc, one library per CANN generation.
+// The checks can make a runtime call fail once (jax_rope_sim_fail_next) to
+// see the glue report it and leave nothing allocated.
 //
 // What the generation changes here: asynchronous device-to-host copies. CANN
 // 8.0/8.1 document them as undefined unless the host memory comes from
@@ -60,6 +62,17 @@ bool Pinned(const void* p, size_t count) {
 
 bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
+// True (and the status to return) when a check injected a failure of
+// `function`'s next call; consumes it. Called under Shared().mutex.
+bool Injected(const char* function, aclError* status) {
+  auto it = Shared().failures.find(function);
+  if (it == Shared().failures.end()) return false;
+  *status = it->second;
+  Shared().failures.erase(it);
+  Shared().error = std::string("EE9999 simulated CANN: injected failure of ") + function;
+  return true;
+}
+
 }  // namespace
 
 extern "C" {
@@ -75,6 +88,7 @@ JAX_ROPE_SIM_EXPORT const char* aclGetRecentErrMsg() {
 JAX_ROPE_SIM_EXPORT aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const void* src,
                                               size_t count, int32_t kind, aclrtStream) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (aclError e; Injected("aclrtMemcpyAsync", &e)) return e;
   if (count > dest_max) { Shared().error = "memcpy count exceeds destination"; return 107000; }
   if (kind < 0 || kind > 3) { Shared().error = "bad memcpy kind"; return 107000; }
   if (kind == kAclMemcpyDeviceToHost && Shared().generation < 85 &&
@@ -87,17 +101,39 @@ JAX_ROPE_SIM_EXPORT aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const 
 }
 JAX_ROPE_SIM_EXPORT aclError aclrtMemcpy(void* dst, size_t dest_max, const void* src, size_t count,
                                          int32_t kind) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (aclError e; Injected("aclrtMemcpy", &e)) return e;
   if (count > dest_max) { Shared().error = "memcpy count exceeds destination"; return 107000; }
   std::memcpy(dst, src, count);  // synchronous: any host memory
   return 0;
 }
-JAX_ROPE_SIM_EXPORT aclError aclrtSynchronizeStream(aclrtStream) { return 0; }
+JAX_ROPE_SIM_EXPORT aclError aclrtSynchronizeStream(aclrtStream) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (aclError e; Injected("aclrtSynchronizeStream", &e)) return e;
+  return 0;
+}
 JAX_ROPE_SIM_EXPORT aclError aclrtMalloc(void** ptr, size_t size, int32_t) {
-  *ptr = std::aligned_alloc(64, (size + 63) / 64 * 64);
-  return *ptr ? 0 : 207001;
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  *ptr = nullptr;
+  if (aclError e; Injected("aclrtMalloc", &e)) return e;
+  *ptr = std::aligned_alloc(64, (std::max<size_t>(size, 1) + 63) / 64 * 64);
+  if (*ptr == nullptr) return 207001;
+  Shared().device_blocks[*ptr] = Shared().device;
+  return 0;
+}
+JAX_ROPE_SIM_EXPORT aclError aclrtFree(void* ptr) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (Shared().device_blocks.erase(ptr) == 0) {
+    Shared().error = "aclrtFree of unknown device memory";
+    return 107000;
+  }
+  std::free(ptr);
+  return 0;
 }
 JAX_ROPE_SIM_EXPORT aclError aclrtMallocHost(void** ptr, size_t size) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
+  *ptr = nullptr;
+  if (aclError e; Injected("aclrtMallocHost", &e)) return e;
   *ptr = std::aligned_alloc(64, (std::max<size_t>(size, 1) + 63) / 64 * 64);
   if (*ptr == nullptr) return 207001;
   g_pinned[*ptr] = size;
@@ -109,7 +145,12 @@ JAX_ROPE_SIM_EXPORT aclError aclrtFreeHost(void* ptr) {
   std::free(ptr);
   return 0;
 }
-JAX_ROPE_SIM_EXPORT aclError aclrtGetDevice(int32_t* id) { *id = 0; return 0; }
+JAX_ROPE_SIM_EXPORT aclError aclrtGetDevice(int32_t* id) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (aclError e; Injected("aclrtGetDevice", &e)) return e;
+  *id = Shared().device;
+  return 0;
+}
 
 // --- libnnopbase ---------------------------------------------------------------
 JAX_ROPE_SIM_EXPORT aclTensor* aclCreateTensor(const int64_t* view_dims, uint64_t n, int32_t dtype,
@@ -184,5 +225,28 @@ JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_executors() {
   return static_cast<int>(Shared().executors.size());
 }
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_generation() { return Shared().generation; }
+// The next call of runtime function `function` fails with `status` (null:
+// forget every pending failure); how many are pending; which device the
+// process is on; device and pinned host blocks alive now.
+JAX_ROPE_SIM_EXPORT void jax_rope_sim_fail_next(const char* function, int32_t status) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  if (function == nullptr) Shared().failures.clear(); else Shared().failures[function] = status;
+}
+JAX_ROPE_SIM_EXPORT int jax_rope_sim_pending_failures() {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  return static_cast<int>(Shared().failures.size());
+}
+JAX_ROPE_SIM_EXPORT void jax_rope_sim_set_device(int32_t device) {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  Shared().device = device;
+}
+JAX_ROPE_SIM_EXPORT int jax_rope_sim_device_blocks() {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  return static_cast<int>(Shared().device_blocks.size());
+}
+JAX_ROPE_SIM_EXPORT int jax_rope_sim_pinned_blocks() {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  return static_cast<int>(g_pinned.size());
+}
 
 }  // extern "C"
