@@ -62,6 +62,7 @@ def checks_for(chip, gen):
         names.append("wrong_call_through_handler_is_an_ffi_error")
     if chip != "unsupported" and gen >= 85:  # where a RoPE kernel runs (16-bit: the glue's)
         names += ["rope_16_bit_dtypes", "wrong_call_directly_is_rejected",
+                  "rope_in_place_rotates_the_donated_buffers",
                   "executor_freed_when_workspace_allocation_fails"]
     if chip in ("A2", "A3"):
         names += ["attention_wrong_calls_directly_are_rejected", "attention_16_bit_dtypes",

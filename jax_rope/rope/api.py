@@ -25,11 +25,11 @@ def apply_rotary_pos_emb(query, key, cos, sin, layout="BSND", rotary_mode="half"
         r <= D; only query/key[..., :r] are rotated (partial rotary).
       layout: "BSND" (default), "BSH" (same as BSND), "SBND", "BNSD" or "TND".
       rotary_mode: "half" (rotate_half), "quarter" or "interleave" (GPT-J).
-      in_place: let the CPU kernel write query_out/key_out over query/key's
-        buffers. Pays off when query and key are donated to the enclosing jit
-        (`jax.jit(f, donate_argnums=...)`) or are intermediates used nowhere
-        else; otherwise XLA copies them first, which is slower than the default.
-        The results are the same either way; other backends ignore it.
+      in_place: let the kernel (CPU, or the NPU operator) write query_out/key_out
+        over query/key's buffers. Pays off when query and key are donated to the
+        enclosing jit (`jax.jit(f, donate_argnums=...)`) or are intermediates used
+        nowhere else; otherwise XLA copies them first (on the CPU slower than the
+        default). The results are the same either way; the fallback ignores it.
 
     Returns:
       (query_out, key_out), new arrays shaped and typed like query and key.

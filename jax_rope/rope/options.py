@@ -27,8 +27,8 @@ class RopeOptions:
     layout: str  # canonical name: BSH is stored as BSND
     rotary_mode: str
     backend: str  # "auto" | "ffi" | "fallback", resolved when the call is traced
-    # Forward on the CPU kernel: outputs aliased to query/key (XLA then hands the
-    # kernel the input buffers when they are donated or dead, else copies them).
+    # Forward on a kernel (CPU or NPU): outputs aliased to query/key (XLA then hands
+    # the kernel the input buffers when they are donated or dead, else copies them).
     in_place: bool = False
 
     @property

@@ -99,9 +99,13 @@ def _bwd_batch(args, dims, *, options: RopeOptions):
 
 # --- kernels ------------------------------------------------------------------
 
+# The forward's operand -> result aliasing when options.in_place (query -> query_out,
+# key -> key_out): XLA gives the kernel the operand's buffer as the result when it is
+# donated or dead, else a copy of it.
+IN_PLACE = {0: 0, 1: 1}
+
+
 def _cpu_lowering(target_of, aliases=None):
-    """aliases: operand -> result aliasing used when options.in_place (XLA gives the
-    kernel the operand's buffer as the result when it is donated or dead, else a copy)."""
     def lower(ctx, *args, options):
         alias = {"operand_output_aliases": aliases} if aliases and options.in_place else {}
         return jax.ffi.ffi_lowering(target_of(len(args)), **alias)(
@@ -109,12 +113,14 @@ def _cpu_lowering(target_of, aliases=None):
     return lower
 
 
-def _npu_lowering(target_of):
+def _npu_lowering(target_of, aliases=None):
     def lower(ctx, *args, options):
         shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out)
+        alias = {"input_output_aliases": aliases} if aliases and options.in_place else {}
 
         def call(*xs):
-            return jax.ffi.ffi_call(target_of(len(xs)), shapes)(*xs, **_attributes(options))
+            return jax.ffi.ffi_call(target_of(len(xs)), shapes, **alias)(
+                *xs, **_attributes(options))
 
         return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
     return lower
@@ -191,8 +197,8 @@ def _factor_map(params, shapes) -> FactorMap:
 rope_fwd_p = define_primitive(
     FWD, multiple_results=True, abstract_eval=_fwd_abstract_eval, batcher=_fwd_batch,
     fallback=fallback.rope_forward,
-    kernels=_kernels(lambda n: FWD, _npu_lowering(lambda n: npu.ROPE_FWD), _npu_forward_gap,
-                     cpu_aliases={0: 0, 1: 1}),  # query -> query_out, key -> key_out
+    kernels=_kernels(lambda n: FWD, _npu_lowering(lambda n: npu.ROPE_FWD, IN_PLACE),
+                     _npu_forward_gap, cpu_aliases=IN_PLACE),
     factor_map=_factor_map)
 
 rope_bwd_p = define_primitive(

@@ -108,6 +108,30 @@ def forward_bsnd_half():
 
 
 @check
+def rope_in_place_rotates_the_donated_buffers():
+    # in_place=True aliases the NPU forward's outputs to query and key: donated, the
+    # operator rotates the caller's buffers and the glue makes no device copy; without
+    # in_place the glue copies query and key to the fresh outputs first.
+    shapes = [(2, 3, 4, 128), (2, 3, 2, 128), (2, 3, 1, 128), (2, 3, 1, 128)]
+    for in_place, copies in ((False, 2), (True, 0)):
+        q, k, c, s = (rand(x, jnp.float32, i) for i, x in enumerate(shapes))
+        want = oracle.apply_rotary_pos_emb(*(np.asarray(x, np.float64) for x in (q, k, c, s)),
+                                           layout="BSND", rotary_mode="half")
+        fn = jax.jit(lambda *a, i=in_place: jr.apply_rotary_pos_emb(*a, in_place=i),
+                     donate_argnums=(0, 1))
+        text = fn.lower(q, k, c, s).as_text()
+        assert_path(text, npu.ROPE_FWD, True)
+        assert ("output_operand_aliases" in text) == in_place, text
+        before = CORE.jax_rope_sim_device_copies()
+        got = jax.block_until_ready(fn(q, k, c, s))
+        assert CORE.jax_rope_sim_device_copies() - before == copies, in_place
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-6, atol=1e-6)
+        assert not in_place or (q.is_deleted() and k.is_deleted()), "not donated"
+        assert_clean()
+
+
+@check
 def forward_tnd_half():
     forward_case("TND", "half", [(5, 3, 64), (5, 2, 64), (5, 1, 64), (5, 1, 64)],
                  ROPE_FWD_KERNEL)

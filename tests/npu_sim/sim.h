@@ -46,6 +46,7 @@ struct State {
   // Failures the checks inject (jax_rope_sim_fail_next): runtime function -> the
   // status its next call returns.
   std::map<std::string, int32_t> failures;
+  int device_copies = 0;  // device-to-device aclrtMemcpyAsync calls so far
 };
 JAX_ROPE_SIM_EXPORT State& Shared();
 // The SoC aclrtGetSocName reports (JAX_ROPE_SIM_SOC; default Ascend910B2).

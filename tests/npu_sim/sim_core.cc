@@ -91,6 +91,7 @@ JAX_ROPE_SIM_EXPORT aclError aclrtMemcpyAsync(void* dst, size_t dest_max, const 
   if (aclError e; Injected("aclrtMemcpyAsync", &e)) return e;
   if (count > dest_max) { Shared().error = "memcpy count exceeds destination"; return 107000; }
   if (kind < 0 || kind > 3) { Shared().error = "bad memcpy kind"; return 107000; }
+  if (kind == kAclMemcpyDeviceToDevice) ++Shared().device_copies;
   if (kind == kAclMemcpyDeviceToHost && Shared().generation < 85 &&
       (!Pinned(dst, count) || !Aligned(dst) || !Aligned(src))) {
     std::memset(dst, 0xFF, count);  // undefined behaviour, made visible
@@ -227,7 +228,8 @@ JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_executors() {
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_generation() { return Shared().generation; }
 // The next call of runtime function `function` fails with `status` (null:
 // forget every pending failure); how many are pending; which device the
-// process is on; device and pinned host blocks alive now.
+// process is on; device and pinned host blocks alive now; device-to-device
+// copies made so far.
 JAX_ROPE_SIM_EXPORT void jax_rope_sim_fail_next(const char* function, int32_t status) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
   if (function == nullptr) Shared().failures.clear(); else Shared().failures[function] = status;
@@ -247,6 +249,10 @@ JAX_ROPE_SIM_EXPORT int jax_rope_sim_device_blocks() {
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_pinned_blocks() {
   std::lock_guard<std::mutex> lock(Shared().mutex);
   return static_cast<int>(g_pinned.size());
+}
+JAX_ROPE_SIM_EXPORT int jax_rope_sim_device_copies() {
+  std::lock_guard<std::mutex> lock(Shared().mutex);
+  return Shared().device_copies;
 }
 
 }  // extern "C"
