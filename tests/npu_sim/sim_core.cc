@@ -227,16 +227,11 @@ JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_executors() {
 }
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_generation() { return Shared().generation; }
 // The next call of runtime function `function` fails with `status` (null:
-// forget every pending failure); how many are pending; which device the
-// process is on; device and pinned host blocks alive now; device-to-device
-// copies made so far.
+// forget every pending failure); which device the process is on; device and
+// pinned host blocks alive now; device-to-device copies made so far.
 JAX_ROPE_SIM_EXPORT void jax_rope_sim_fail_next(const char* function, int32_t status) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
   if (function == nullptr) Shared().failures.clear(); else Shared().failures[function] = status;
-}
-JAX_ROPE_SIM_EXPORT int jax_rope_sim_pending_failures() {
-  std::lock_guard<std::mutex> lock(Shared().mutex);
-  return static_cast<int>(Shared().failures.size());
 }
 JAX_ROPE_SIM_EXPORT void jax_rope_sim_set_device(int32_t device) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
