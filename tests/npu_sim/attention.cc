@@ -173,7 +173,9 @@ std::string CheckMaskAndBands(const AttentionArgs& a, const Sizes& s, AttentionP
     const std::vector<int64_t> want = {prefix ? kPrefixRows : kCompressed, kCompressed};
     if (m == nullptr) return "sparseMode " + S(mode) + " needs the compressed attenMask (without one the operator computes full attention)";
     if (m->dims != want) return "sparseMode " + S(mode) + " needs the " + S(want[0]) + "x2048 compressed attenMask, got " + Shape(m);
-    if (!OnThisDevice(m->data)) return "the compressed attenMask is not device memory of this device";
+    if (!OnThisDevice(m->data)) {
+      return "the compressed attenMask is not device memory of this device";
+    }
     const auto& expect = CompressedMask(prefix);
     if (std::memcmp(m->data, expect.data(), expect.size()) != 0) return "the compressed attenMask has the wrong contents";
   } else if (m != nullptr) {
