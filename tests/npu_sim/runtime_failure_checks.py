@@ -8,22 +8,18 @@ import ctypes
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import attention_oracle as ref
 import jax_rope as jr
 import rope_oracle
+from attention_checks import normal
 from sim_libraries import CHIP, CORE, GEN
 
 CORE.jax_rope_sim_fail_next.argtypes = [ctypes.c_char_p, ctypes.c_int32]
 CORE.jax_rope_sim_set_device.argtypes = [ctypes.c_int32]
 OUT_OF_MEMORY, INTERNAL = 207001, 507899  # ACL_ERROR_RT_MEMORY_ALLOCATION, _INTERNAL_ERROR
 RUNTIME_FAILURE_CHECKS = {}
-
-
-def normal(shape, seed):
-    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
 def rope_forward():
