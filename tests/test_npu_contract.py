@@ -40,8 +40,9 @@ EVERYWHERE = ["forward_bsnd_half", "forward_tnd_half",
               "w5_tnd_statistics_with_several_heads", "w9_host_lists_read_through_pinned_memory",
               "attention_mode2_bnsd_value_dim",
               "attention_mode3_sbh", "attention_mode4_band", "attention_tnd_varlen_mode3",
-              "attention_tnd_varlen_mode8_split",
-              "attention_tnd_causal_with_sq_above_skv_is_rejected",
+              "attention_tnd_varlen_mode8_split", "attention_tnd_tokens_after_the_last_sequence",
+              "attention_tnd_keyless_sequence",
+              "attention_tnd_causal_with_sq_above_skv_takes_the_fallback",
               "attention_invalid_traced_lengths_and_prefix_are_refused"]
 # Issue 14 (pse / ALiBi / dropout, bias_dropout_checks.py): slow (jit of each path
 # and its fallback), so on one combination, with the kernel (its uncovered cases take

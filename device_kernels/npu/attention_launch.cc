@@ -104,6 +104,11 @@ struct AttentionCall {
   DeviceTensor mask;
   bool use_mask = false;
   std::vector<int64_t> prefix, q_ends, kv_ends;
+  // TND: the tokens the sequences hold (the last cumulative ends). The
+  // operators get exactly those rows: CANN 8.0's tiling wants T == the last end,
+  // later ones accept more rows but never write them (the lowering gives them
+  // the dead-row values), and with no query token there is nothing to call.
+  int64_t q_tokens = 0, kv_tokens = 0;
   // 2 turns on the operator's "invalid line" handling, which gives fully
   // masked rows the spec's 0 / -FLT_MAX / FLT_MAX; the tiling turns it on by
   // itself only for band, rightDown and prefix geometries, not for rows a
@@ -117,8 +122,12 @@ struct AttentionCall {
 // The host copy of the table holds what traced lengths and prefixes became:
 // refuse what the Python side would refuse at trace time (the values were not
 // known then, and the jnp fallback's host check does not exist on the NPU).
-std::string CheckTable(const HostTable& host, bool varlen, bool prefix, int64_t q_rows,
+// The VarLen operators also have no fully masked rows in sparse_mode 3 ("needs
+// Sq <= Skv in every batch"); concrete lengths that break it take the fallback
+// (npu/coverage.py), traced ones are refused here before the operator runs.
+std::string CheckTable(const HostTable& host, bool varlen, SparseMode mode, int64_t q_rows,
                        int64_t kv_rows) {
+  const bool prefix = TakesPrefix(mode);
   int64_t q_end = 0, kv_end = 0;
   for (int64_t b = 0; b < host.batch; ++b) {
     const int32_t* r = &host.rows[b * kTableColumns];
@@ -127,6 +136,12 @@ std::string CheckTable(const HostTable& host, bool varlen, bool prefix, int64_t 
                    kv_len < 0 || kv0 + kv_len > kv_rows)) {
       return "actual_seq_qlen/actual_seq_kvlen must be non-decreasing cumulative ends within "
              "Tq/Tkv (sequence " + std::to_string(b) + ")";
+    }
+    if (varlen && mode == SparseMode::kRightDownCausal && q_len > kv_len) {
+      return "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU (sequence " +
+             std::to_string(b) + ": Sq " + std::to_string(q_len) + ", Skv " +
+             std::to_string(kv_len) + "); concrete actual_seq_qlen/actual_seq_kvlen take the "
+             "fallback there";
     }
     q_end = q0 + q_len;
     kv_end = kv0 + kv_len;
@@ -160,7 +175,7 @@ std::string Prepare(const Device& device, const AttentionConfig& config, const D
   if (TakesPrefix(mode) || call->varlen) {
     HostTable host;
     if (auto e = ReadTable(device, table, &host); !e.empty()) return e;
-    if (auto e = CheckTable(host, call->varlen, TakesPrefix(mode), query.dims[roles.seq],
+    if (auto e = CheckTable(host, call->varlen, mode, query.dims[roles.seq],
                             key.dims[roles.seq]);
         !e.empty()) {
       return e;
@@ -172,15 +187,34 @@ std::string Prepare(const Device& device, const AttentionConfig& config, const D
     if (call->varlen) {
       call->q_ends = host.column(0, 1);
       call->kv_ends = host.column(2, 3);
+      call->q_tokens = call->q_ends.back();
+      call->kv_tokens = call->kv_ends.back();
     }
   }
   return "";
 }
 
+// Which rows a TND operand holds: query's (query, out and their gradients) or
+// key's (key, value and theirs).
+enum class Rows { kQuery, kKey };
+
 // A descriptor of query, key, value, out or one of their gradients.
-aclTensor* Operand(Descriptors& d, const AttentionCall& call, const DeviceTensor& t) {
+aclTensor* Operand(Descriptors& d, const AttentionCall& call, const DeviceTensor& t, Rows rows) {
+  if (call.varlen) {
+    std::vector<int64_t> dims = t.dims;
+    dims[0] = rows == Rows::kQuery ? call.q_tokens : call.kv_tokens;
+    return d.Tensor(&t, dims);
+  }
   if (!call.as_sbh) return d.Tensor(&t);
   return d.Tensor(&t, {t.dims[0], t.dims[1], t.dims[2] * t.dims[3]});
+}
+
+// softmax_max or softmax_sum. TND's are [N1, T, 8] in the operators' NTD
+// order, one [N1, S_b, 8] block per sequence after the other: the sequences'
+// blocks fill the first N1 x q_tokens x 8 floats, a [N1, q_tokens, 8] view.
+aclTensor* Statistic(Descriptors& d, const AttentionCall& call, const DeviceTensor& t) {
+  if (!call.varlen) return d.Tensor(&t);
+  return d.Tensor(&t, {t.dims[0], call.q_tokens, t.dims[2]});
 }
 
 // The descriptors both directions pass (q_ends/kv_ends: varlen only).
@@ -198,13 +232,13 @@ std::string Describe(Descriptors& d, const AttentionConfig& config, const Attent
                      const DeviceTensor& out, const DeviceTensor& softmax_max,
                      const DeviceTensor& softmax_sum, const AttentionExtras& extras,
                      AttentionDescriptors* t) {
-  t->query = Operand(d, call, query);
-  t->key = Operand(d, call, key);
-  t->value = Operand(d, call, value);
-  t->out = Operand(d, call, out);
+  t->query = Operand(d, call, query, Rows::kQuery);
+  t->key = Operand(d, call, key, Rows::kKey);
+  t->value = Operand(d, call, value, Rows::kKey);
+  t->out = Operand(d, call, out, Rows::kQuery);
   t->mask = call.use_mask ? d.Tensor(&call.mask) : nullptr;
-  t->softmax_max = d.Tensor(&softmax_max);
-  t->softmax_sum = d.Tensor(&softmax_sum);
+  t->softmax_max = Statistic(d, call, softmax_max);
+  t->softmax_sum = Statistic(d, call, softmax_sum);
   t->empty = d.Tensor(&call.empty);
   t->prefix = call.prefix.empty() ? nullptr : d.IntArray(call.prefix);
   t->pse = d.Tensor(extras.pse);
@@ -260,6 +294,7 @@ std::string AttentionForward(const Device& device, const AttentionConfig& config
       !e.empty()) {
     return e;
   }
+  if (call.varlen && call.q_tokens == 0) return "";
   const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
   const double keep = config.keep_prob;
   uint64_t workspace_size = 0;
@@ -321,10 +356,11 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
       !e.empty()) {
     return e;
   }
-  aclTensor* dy = Operand(d, call, dout);
-  aclTensor* dq = Operand(d, call, dquery);
-  aclTensor* dk = Operand(d, call, dkey);
-  aclTensor* dv = Operand(d, call, dvalue);
+  if (call.varlen && call.q_tokens == 0) return "";
+  aclTensor* dy = Operand(d, call, dout, Rows::kQuery);
+  aclTensor* dq = Operand(d, call, dquery, Rows::kQuery);
+  aclTensor* dk = Operand(d, call, dkey, Rows::kKey);
+  aclTensor* dv = Operand(d, call, dvalue, Rows::kKey);
   // dpseOut: with pse, torch_npu's buffer (pse's shape and dtype; never
   // written by the kernels), here scratch; without, the empty tensor.
   aclTensor* dpse = t.empty;

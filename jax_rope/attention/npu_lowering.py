@@ -24,7 +24,7 @@ from jax.interpreters import mlir
 
 from jax_rope import npu
 from jax_rope.attention import dropout
-from jax_rope.attention.masks import Q_LEN, Q_START
+from jax_rope.attention.masks import KV_LEN, KV_START, Q_LEN, Q_START
 from jax_rope.npu import cann, coverage
 
 
@@ -147,11 +147,14 @@ def npu_forward(ctx, *args, options):
             **_npu_attributes(options))
         if not options.varlen:
             return out, smax[..., 0], ssum[..., 0]  # the spec's statistics: one copy
+        # Tokens after the last sequence are rows the operator is not given
+        # (attention_launch.cc): they see no key.
         tokens, heads = stats_aval.shape
         rows, inside = _ntd_rows(table, tokens, heads)
         inside = inside[:, None]
         flat = lambda x: x[..., 0].reshape(-1)[rows]
-        return (out, jnp.where(inside, flat(smax), -np.finfo(np.float32).max),
+        return (jnp.where(inside[..., None], out, jnp.zeros((), out.dtype)),
+                jnp.where(inside, flat(smax), -np.finfo(np.float32).max),
                 jnp.where(inside, flat(ssum), np.finfo(np.float32).max))
 
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
@@ -170,9 +173,19 @@ def npu_backward(ctx, *args, options):
                 s, mode="drop").reshape(heads, tokens)
             smax, ssum = ntd(smax), ntd(ssum)
         wide = lambda s: jnp.broadcast_to(s[..., None], s.shape + (npu.STATS_WIDTH,))
-        return jax.ffi.ffi_call(npu.ATTENTION_BWD, outs)(
+        dq, dk, dv = jax.ffi.ffi_call(npu.ATTENTION_BWD, outs)(
             q, k, v, out, dout, wide(smax), wide(ssum), table,
             *_operands(options, table, extras, q.shape, k.shape), **_npu_attributes(options))
+        if not options.varlen:
+            return dq, dk, dv
+        # The rows after the last sequence's, which the operator is not given
+        # (with no query token it is not called at all: no gradient anywhere).
+        last = table[-1]
+        held = lambda x, end: jnp.where(
+            (jnp.arange(x.shape[0]) < end)[:, None, None], x, jnp.zeros((), x.dtype))
+        q_end = last[Q_START] + last[Q_LEN]
+        kv_end = jnp.where(q_end > 0, last[KV_START] + last[KV_LEN], 0)
+        return held(dq, q_end), held(dk, kv_end), held(dv, kv_end)
 
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
@@ -190,6 +203,6 @@ def npu_gap(extras_at, backward):
             return missing
         query, key, value = avals_in[:3]
         extras = dict(zip(options.extra_names, avals_in[extras_at:]))
-        return coverage.attention_gap(npu.current_profile()[0], options, query, key, value,
-                                      extras)
+        return coverage.attention_gap(npu.current_profile()[0], npu.current_cann()[0], options,
+                                      query, key, value, extras)
     return gap

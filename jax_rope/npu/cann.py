@@ -46,17 +46,20 @@ class Generation:
     install: str
     operators: tuple[str, ...]
     partial_rotary: bool  # the RoPE tiling accepts cos D < query D
+    # The VarLen attention tiling takes a sequence with query tokens and no key
+    # (CANN 8.0's, of 2024, refuses it: "seqLen is not 0 and sekvLen is 0").
+    keyless_sequences: bool
 
 
 # aclnnRotaryPositionEmbeddingGrad: the first ACLNN docs that list it for
 # Atlas A2/A3 are CANN 8.3.RC1's (4-D tensors only; 3-D TND came later), and
 # torch_npu calls it only behind DO_COMPATIBILITY: so 8.0 is taken not to have it.
 GENERATIONS = {
-    "8.0": Generation("8.0", "monolithic libopapi.so", _FLASH, False),
+    "8.0": Generation("8.0", "monolithic libopapi.so", _FLASH, False, False),
     "8.5": Generation("8.5", "split: libopapi_transformer.so",
-                      _FLASH + (ROPE_V2, ROPE_SINGLE_GRAD), False),
+                      _FLASH + (ROPE_V2, ROPE_SINGLE_GRAD), False, True),
     "9.0": Generation("9.0", "split: libopapi_transformer.so",
-                      _FLASH + (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD), True),
+                      _FLASH + (ROPE_V2, ROPE_GRAD, ROPE_SINGLE_GRAD), True, True),
 }
 DEFAULT_CANN = "8.5"
 

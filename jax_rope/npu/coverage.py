@@ -73,7 +73,8 @@ def _single_grad_gap(options, grad_query, grad_key, cos, with_inputs) -> str | N
     return None
 
 
-def attention_gap(p: Profile, options, query, key, value, extras: dict) -> str | None:
+def attention_gap(p: Profile, gen: Generation, options, query, key, value,
+                  extras: dict) -> str | None:
     """`extras`: the optional operands' avals by name (options.extra_names)."""
     if not p.attention:
         return f"no FlashAttentionScore on profile {p.name}"
@@ -89,6 +90,12 @@ def attention_gap(p: Profile, options, query, key, value, extras: dict) -> str |
         batch = query.shape[roles.batch]
         if (m[0], m[1]) not in ((1, 1), (batch, 1), (batch, heads)):
             return f"atten_mask shape {m}"
+    if options.sparse_mode == 3 and options.sq_above_skv:
+        # "sparse_mode=3 ... needs Sq <= Skv in every batch" (no fully masked rows there);
+        # traced lengths reach the NPU handler, which refuses them (attention_launch.cc).
+        return "sparse_mode 3 with TND and a sequence with Sq > Skv"
+    if options.keyless_sequence and not gen.keyless_sequences:
+        return f"a TND sequence with query tokens and no key on CANN {gen.version}"
     return bias_dropout_gap(options, query.shape[roles.seq], key.shape[roles.seq])
 
 

@@ -141,6 +141,11 @@ std::string CheckSequences(const AttentionArgs& a, const Sizes& s, std::vector<S
     if (lq < 0 || lkv < 0 || lq > 1000000 || lkv > 1000000) {
       return "actualSeqQLen/actualSeqKvLen must be cumulative (non-decreasing) with lengths <= 1M, entry " + S(b);
     }
+    // CANN 8.0's tiling (2024) refuses a sequence with query tokens and no key;
+    // the later ones (ops-transformer 2025) take it.
+    if (Shared().generation < 85 && lq > 0 && lkv == 0) {
+      return "Batch(" + S(b) + ") seqLen is not 0 and sekvLen is 0, this scene is not supported";
+    }
     seqs->push_back(SequenceBand{static_cast<int32_t>(q_end), static_cast<int32_t>(lq), static_cast<int32_t>(kv_end),
                                  static_cast<int32_t>(lkv), 0, 0, 0});
     q_end = q[b];

@@ -16,7 +16,7 @@ import numpy as np
 import attention_oracle as ref
 import jax_rope as jr
 from jax_rope import npu
-from sim_libraries import CHIP, CORE, OPS
+from sim_libraries import CHIP, CORE, GEN, OPS
 
 KERNEL = CHIP in ("A2", "A3")
 ATTENTION_CHECKS = {}
@@ -32,14 +32,14 @@ def normal(shape, seed, dtype=jnp.float32):
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
 
 
-def attention_case(shapes, tol=2e-5, dtype=jnp.float32, **kw):
+def attention_case(shapes, tol=2e-5, dtype=jnp.float32, want_kernel=KERNEL, **kw):
     """Forward (out and the statistics) and jax.grad wrt q, k, v against the oracle (on
-    the inputs as rounded to `dtype`)."""
+    the inputs as rounded to `dtype`); want_kernel: whether the NPU kernel runs them."""
     q, k, v = (normal(s, i, dtype) for i, s in enumerate(shapes))
     fwd = jax.jit(lambda q, k, v: jr.flash_attention_score(q, k, v, **kw))
     text = fwd.lower(q, k, v).as_text()
-    assert (FWD in text) == KERNEL, "the forward is not " + ("the NPU kernel" if KERNEL
-                                                            else "the fallback")
+    assert (FWD in text) == want_kernel, "the forward is not " + (
+        "the NPU kernel" if want_kernel else "the fallback")
     ref_kw = ref.ref_kwargs(kw)
     f64 = [np.asarray(x, np.float64) for x in (q, k, v)]
     for got, want in zip(fwd(q, k, v), ref.flash_attention_score(*f64, **ref_kw)):
@@ -48,7 +48,7 @@ def attention_case(shapes, tol=2e-5, dtype=jnp.float32, **kw):
     loss = lambda q, k, v: jnp.sum(
         jr.flash_attention_score(q, k, v, **kw)[0].astype(jnp.float32) * dout)
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    assert (BWD in grad.lower(q, k, v).as_text()) == KERNEL, "the backward's path"
+    assert (BWD in grad.lower(q, k, v).as_text()) == want_kernel, "the backward's path"
     want = ref.flash_attention_grad(*f64, np.asarray(dout, np.float64), **ref_kw)
     for got, w in zip(grad(q, k, v), want):
         np.testing.assert_allclose(np.asarray(got, np.float64), w, rtol=tol, atol=tol)
@@ -145,6 +145,56 @@ def attention_tnd_varlen_mode3():
 
 
 @check
+def attention_tnd_tokens_after_the_last_sequence():
+    # Query and key hold tokens after the last cumulative ends (the spec allows it: rows that
+    # see no key, keys no row sees). The operators get the sequences' tokens only (CANN 8.0
+    # refuses T beyond the last end); the rest give out 0, the dead-row statistics and zero
+    # gradients. Traced lengths too, and lengths with no query token at all.
+    tnd = dict(input_layout="TND")
+    attention_case([(9, 4, 16), (12, 2, 16), (12, 2, 16)], sparse_mode=2,
+                   actual_seq_qlen=[3, 7], actual_seq_kvlen=[4, 9], **tnd)
+    attention_case([(9, 4, 16), (12, 2, 16), (12, 2, 16)], sparse_mode=3,
+                   actual_seq_qlen=[3, 9], actual_seq_kvlen=[4, 10], **tnd)
+    attention_case([(4, 2, 16), (5, 2, 16), (5, 2, 16)], sparse_mode=0,
+                   actual_seq_qlen=[0, 0], actual_seq_kvlen=[2, 3], **tnd)
+    q, k = normal((9, 4, 16), 0), normal((12, 2, 16), 1)
+    f = jax.jit(lambda a, b: jr.flash_attention_score(q, k, k, sparse_mode=2,
+                                                      actual_seq_qlen=a, actual_seq_kvlen=b,
+                                                      **tnd))
+    for lq, lkv in (([3, 7], [4, 9]), ([2, 9], [5, 12]), ([0, 1], [0, 1])):
+        got = f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
+        want = ref.flash_attention_score(*(np.asarray(x, np.float64) for x in (q, k, k)),
+                                         sparse_mode=2, actual_seq_qlen=lq,
+                                         actual_seq_kvlen=lkv, **tnd)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=2e-5, atol=2e-5)
+    assert CORE.jax_rope_sim_live_tensors() == 0, "descriptors left alive"
+
+
+@check
+def attention_tnd_keyless_sequence():
+    # A sequence with query tokens and no key (its rows see nothing: out 0, the dead-row
+    # statistics). CANN 8.0's VarLen tiling refuses it, so concrete lengths take the
+    # fallback there; traced ones reach the operator, whose refusal comes back as an error.
+    shapes = [(7, 2, 16), (4, 2, 16), (4, 2, 16)]
+    kw = dict(input_layout="TND", sparse_mode=0, actual_seq_qlen=[2, 7],
+              actual_seq_kvlen=[0, 4])
+    attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **kw)
+    if not KERNEL or GEN >= 85:
+        return
+    q, k = normal(shapes[0], 0), normal(shapes[1], 1)
+    f = jax.jit(lambda a, b: jr.flash_attention_score(
+        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0])
+    try:
+        jax.block_until_ready(f(*(jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 4]))))
+    except Exception as e:  # noqa: BLE001
+        assert "seqLen is not 0 and sekvLen is 0" in str(e), e
+        assert CORE.jax_rope_sim_live_tensors() == 0
+        return
+    raise AssertionError("CANN 8.0's VarLen operator accepted a sequence without keys")
+
+
+@check
 def attention_tnd_varlen_mode8_split():
     # attention.md's worked example: device 2 of a 5x4 leftUpCausal sequence cut 2+3
     attention_case([(12, 2, 16), (13, 2, 16), (13, 2, 16)], input_layout="TND", sparse_mode=8,
@@ -215,27 +265,43 @@ def attention_handlers_refuse_unknown_attributes():
 
 
 @check
-def attention_tnd_causal_with_sq_above_skv_is_rejected():
-    # The VarLen operator documents "sparse_mode=3 needs Sq <= Skv in every batch";
-    # jax_rope accepts it (lengths may be traced, so the lowering cannot route it
-    # to the fallback): the NPU call fails loudly instead of computing something else.
-    q, k = normal((4, 2, 16), 0), normal((2, 2, 16), 1)
-    kw = dict(input_layout="TND", sparse_mode=3, actual_seq_qlen=[4], actual_seq_kvlen=[2])
-    call = lambda: jax.block_until_ready(jr.flash_attention_score(q, k, k, **kw))
-    if not KERNEL:  # the fallback computes the spec's answer
-        want = ref.flash_attention_score(*(np.asarray(x, np.float64) for x in (q, k, k)),
-                                         **ref.ref_kwargs(kw))[0]
-        np.testing.assert_allclose(np.asarray(call()[0], np.float64), want, rtol=2e-5, atol=2e-5)
+def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
+    # The VarLen operator documents "sparse_mode=3 needs Sq <= Skv in every batch" (it has
+    # no fully masked rows there); the spec allows it. Concrete lengths that break the rule
+    # take the fallback, forward and backward (the spec's answer: the rows that see no key
+    # give 0); "ffi" names the gap at trace time. Traced lengths reach the NPU handler,
+    # which refuses them, naming the sequence, before the operator is asked.
+    shapes = [(7, 2, 16), (8, 2, 16), (8, 2, 16)]
+    kw = dict(input_layout="TND", sparse_mode=3, actual_seq_qlen=[2, 7],
+              actual_seq_kvlen=[3, 5])  # sequence 1: Sq 5 > Skv 2
+    attention_case(shapes, want_kernel=False, **kw)
+    q, k = normal(shapes[0], 0), normal(shapes[1], 1)
+    if not KERNEL:
         return
+    with jr.backend("ffi"):
+        try:
+            jr.flash_attention_score(q, k, k, **kw)
+        except ValueError as e:
+            assert "sparse_mode 3 with TND and a sequence with Sq > Skv" in str(e), e
+        else:
+            raise AssertionError("backend 'ffi' accepted what no NPU kernel covers")
+    f = jax.jit(lambda a, b: jr.flash_attention_score(
+        q, k, k, input_layout="TND", sparse_mode=3, actual_seq_qlen=a, actual_seq_kvlen=b)[0])
+    ok = f(jnp.asarray([2, 7], jnp.int32), jnp.asarray([3, 8], jnp.int32))  # Sq <= Skv
+    want = ref.flash_attention_score(
+        *(np.asarray(x, np.float64) for x in (q, k, k)),
+        **ref.ref_kwargs(dict(kw, actual_seq_kvlen=[3, 8])))[0]
+    np.testing.assert_allclose(np.asarray(ok, np.float64), want, rtol=2e-5, atol=2e-5)
     try:
-        call()
+        jax.block_until_ready(f(*(jnp.asarray(x, jnp.int32) for x in ([2, 7], [3, 5]))))
     except Exception as e:  # noqa: BLE001
         text = str(e)
-        assert "aclnnFlashAttentionVarLenScoreGetWorkspaceSize failed with status 161002" in text, text
-        assert "needs Sq <= Skv in every batch" in text, text
+        assert "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU " \
+               "(sequence 1: Sq 5, Skv 2)" in text, text
+        assert "failed with status" not in text, text  # refused before the operator
         assert CORE.jax_rope_sim_live_tensors() == 0
         return
-    raise AssertionError("the off-contract call was accepted")
+    raise AssertionError("the NPU handler accepted traced lengths with Sq > Skv")
 
 
 # --- straight into the simulated operator ------------------------------------------
