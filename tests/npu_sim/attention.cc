@@ -151,9 +151,13 @@ std::string CheckSequences(const AttentionArgs& a, const Sizes& s, std::vector<S
     q_end = q[b];
     kv_end = kv[b];
   }
-  // TND: T is the sum of the sequence lengths (tokens packed tightly).
-  if (q_end != s.q_rows || kv_end != s.kv_rows) {
-    return "TND tokens must be exactly the sequences: last actualSeqQLen/KvLen " + S(q_end) + "/" + S(kv_end) +
+  // TND: CANN 8.0's tiling wants T to be the sum of the sequence lengths
+  // (tokens packed tightly); the 2025 one takes more rows ("EOD+Padding") and
+  // never writes the outputs' rows after the last sequence.
+  const bool padded = Shared().generation >= 85;
+  if (padded ? q_end > s.q_rows || kv_end > s.kv_rows : q_end != s.q_rows || kv_end != s.kv_rows) {
+    return "TND tokens must be " + std::string(padded ? "at least" : "exactly") +
+           " the sequences: last actualSeqQLen/KvLen " + S(q_end) + "/" + S(kv_end) +
            " but query/key have T=" + S(s.q_rows) + "/" + S(s.kv_rows);
   }
   return "";

@@ -121,6 +121,15 @@ void Compute(const AttentionPlan& p) {
   jax_rope::cpu::AttentionBackwardQuery(g, seqs, args, delta.data(), 0, rows);
 }
 
+// The rows from `first` on of a TND tensor (T rows), which the operator never
+// writes when T runs past the last sequence (CANN 8.5 on): whatever the buffer
+// held, NaN here (all bits set, in every dtype) so that reading them shows.
+void Unwritten(const Tensor* t, int64_t first) {
+  const int64_t rows = t->dims[0], size = t->dtype == kAclFloat ? 4 : 2;  // float, (b)f16
+  const int64_t row_bytes = rows == 0 ? 0 : t->elements() / rows * size;
+  if (first < rows) std::memset(static_cast<char*>(t->data) + first * row_bytes, 0xff, (rows - first) * row_bytes);
+}
+
 }  // namespace
 
 void RunAttention(const AttentionPlan& plan) {
@@ -129,6 +138,22 @@ void RunAttention(const AttentionPlan& plan) {
     case kAclFloat16: Compute<jax_rope::cpu::Float16>(plan); break;
     default: Compute<jax_rope::cpu::BFloat16>(plan); break;
   }
+  const AttentionArgs& a = plan.a;
+  if (!a.varlen || plan.seqs.empty()) return;
+  const SequenceBand& last = plan.seqs.back();
+  const int64_t q_end = last.q_start + last.q_len, kv_end = last.kv_start + last.kv_len;
+  if (!a.backward) {
+    Unwritten(a.attention, q_end);
+    // NTD statistics [N1, T, 8]: the sequences' blocks fill the first N1 x q_end rows.
+    Tensor flat_max{{a.softmax_max->elements() / kStats, kStats}, kAclFloat, a.softmax_max->data};
+    Tensor flat_sum{{a.softmax_sum->elements() / kStats, kStats}, kAclFloat, a.softmax_sum->data};
+    Unwritten(&flat_max, q_end * plan.n1);
+    Unwritten(&flat_sum, q_end * plan.n1);
+    return;
+  }
+  Unwritten(a.dq, q_end);
+  Unwritten(a.dk, kv_end);
+  Unwritten(a.dv, kv_end);
 }
 
 }  // namespace jax_rope_sim
