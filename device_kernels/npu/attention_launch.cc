@@ -107,8 +107,10 @@ struct AttentionCall {
   // TND: the tokens the sequences hold (the last cumulative ends). The
   // operators get exactly those rows: CANN 8.0's tiling wants T == the last end,
   // later ones accept more rows but never write them (the lowering gives them
-  // the dead-row values), and with no query token there is nothing to call.
+  // the dead-row values). T must be at least 1: with no query or no key token
+  // every row sees nothing, and the lowering gives all of them those values.
   int64_t q_tokens = 0, kv_tokens = 0;
+  bool Empty() const { return varlen && (q_tokens == 0 || kv_tokens == 0); }
   // 2 turns on the operator's "invalid line" handling, which gives fully
   // masked rows the spec's 0 / -FLT_MAX / FLT_MAX; the tiling turns it on by
   // itself only for band, rightDown and prefix geometries, not for rows a
@@ -294,7 +296,7 @@ std::string AttentionForward(const Device& device, const AttentionConfig& config
       !e.empty()) {
     return e;
   }
-  if (call.varlen && call.q_tokens == 0) return "";
+  if (call.Empty()) return "";
   const int64_t sparse_mode = static_cast<int64_t>(config.sparse_mode);
   const double keep = config.keep_prob;
   uint64_t workspace_size = 0;
@@ -356,7 +358,7 @@ std::string AttentionBackward(const Device& device, const AttentionConfig& confi
       !e.empty()) {
     return e;
   }
-  if (call.varlen && call.q_tokens == 0) return "";
+  if (call.Empty()) return "";
   aclTensor* dy = Operand(d, call, dout, Rows::kQuery);
   aclTensor* dq = Operand(d, call, dquery, Rows::kQuery);
   aclTensor* dk = Operand(d, call, dkey, Rows::kKey);

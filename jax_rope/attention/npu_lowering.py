@@ -129,6 +129,12 @@ def _ntd_rows(table, tokens, heads):
     return start * heads + n * length + (t[:, None] - start), inside
 
 
+def _ends(table):
+    """The tokens the sequences hold: (query, key) ends of the last one."""
+    last = table[-1]
+    return last[Q_START] + last[Q_LEN], last[KV_START] + last[KV_LEN]
+
+
 def _npu_stats_width(options, stats_shape):
     # VarLen writes [N1, Tq, 8] (NTD); the others [B, N1, Sq, 8].
     if options.varlen:
@@ -148,10 +154,11 @@ def npu_forward(ctx, *args, options):
         if not options.varlen:
             return out, smax[..., 0], ssum[..., 0]  # the spec's statistics: one copy
         # Tokens after the last sequence are rows the operator is not given
-        # (attention_launch.cc): they see no key.
+        # (attention_launch.cc): they see no key; with no key token at all it
+        # is not called, and no row sees one.
         tokens, heads = stats_aval.shape
         rows, inside = _ntd_rows(table, tokens, heads)
-        inside = inside[:, None]
+        inside = (inside & (_ends(table)[1] > 0))[:, None]
         flat = lambda x: x[..., 0].reshape(-1)[rows]
         return (jnp.where(inside[..., None], out, jnp.zeros((), out.dtype)),
                 jnp.where(inside, flat(smax), -np.finfo(np.float32).max),
@@ -179,12 +186,12 @@ def npu_backward(ctx, *args, options):
         if not options.varlen:
             return dq, dk, dv
         # The rows after the last sequence's, which the operator is not given
-        # (with no query token it is not called at all: no gradient anywhere).
-        last = table[-1]
+        # (with no query or no key token it is not called: no gradient at all).
+        q_end, kv_end = _ends(table)
+        called = (q_end > 0) & (kv_end > 0)
         held = lambda x, end: jnp.where(
-            (jnp.arange(x.shape[0]) < end)[:, None, None], x, jnp.zeros((), x.dtype))
-        q_end = last[Q_START] + last[Q_LEN]
-        kv_end = jnp.where(q_end > 0, last[KV_START] + last[KV_LEN], 0)
+            (jnp.arange(x.shape[0]) < jnp.where(called, end, 0))[:, None, None], x,
+            jnp.zeros((), x.dtype))
         return held(dq, q_end), held(dk, kv_end), held(dv, kv_end)
 
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)

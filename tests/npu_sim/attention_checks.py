@@ -161,7 +161,7 @@ def attention_tnd_tokens_after_the_last_sequence():
     f = jax.jit(lambda a, b: jr.flash_attention_score(q, k, k, sparse_mode=2,
                                                       actual_seq_qlen=a, actual_seq_kvlen=b,
                                                       **tnd))
-    for lq, lkv in (([3, 7], [4, 9]), ([2, 9], [5, 12]), ([0, 1], [0, 1])):
+    for lq, lkv in (([3, 7], [4, 9]), ([2, 9], [5, 12]), ([0, 1], [0, 1]), ([0, 0], [3, 5])):
         got = f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
         want = ref.flash_attention_score(*(np.asarray(x, np.float64) for x in (q, k, k)),
                                          sparse_mode=2, actual_seq_qlen=lq,
@@ -176,15 +176,26 @@ def attention_tnd_keyless_sequence():
     # A sequence with query tokens and no key (its rows see nothing: out 0, the dead-row
     # statistics). CANN 8.0's VarLen tiling refuses it, so concrete lengths take the
     # fallback there; traced ones reach the operator, whose refusal comes back as an error.
+    # Later ones take it.
     shapes = [(7, 2, 16), (4, 2, 16), (4, 2, 16)]
     kw = dict(input_layout="TND", sparse_mode=0, actual_seq_qlen=[2, 7],
               actual_seq_kvlen=[0, 4])
     attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **kw)
-    if not KERNEL or GEN >= 85:
-        return
+    # No key token at all (the operators take T >= 1: not called, every row dead), with
+    # concrete lengths and traced ones (the call is not folded away then), forward and
+    # backward.
+    attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **dict(kw, actual_seq_kvlen=[0, 0]))
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
     f = jax.jit(lambda a, b: jr.flash_attention_score(
         q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0])
+    g = jax.jit(jax.grad(lambda q, k, a, b: jnp.sum(jr.flash_attention_score(
+        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0]), (0, 1)))
+    lengths = [jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 0])]
+    np.testing.assert_array_equal(np.asarray(f(*lengths)), 0.0)
+    for grad in g(q, k, *lengths):
+        np.testing.assert_array_equal(np.asarray(grad), 0.0)
+    if not KERNEL or GEN >= 85:
+        return
     try:
         jax.block_until_ready(f(*(jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 4]))))
     except Exception as e:  # noqa: BLE001
