@@ -120,8 +120,9 @@ def cumulative(lengths):
 
 def band_sequence(mode, lq, lkv):
     """Index of the band sequence of modes 7 (last non-empty) and 8 (first non-empty); a
-    sequence is non-empty when it has query rows and key columns. None when all are empty."""
-    idx = [b for b in range(len(lq)) if lq[b] > 0 and lkv[b] > 0]
+    sequence is non-empty when it has query rows, whatever its key columns (the operator's
+    tiling takes the first / last nonzero actualSeqQLen entry). None when all are empty."""
+    idx = [b for b in range(len(lq)) if lq[b] > 0]
     if not idx:
         return None
     return idx[-1] if mode == 7 else idx[0]

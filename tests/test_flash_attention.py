@@ -262,6 +262,19 @@ def test_varlen_unequal_lengths_and_empty_kv(backend):
         assert np.all(ref[1][4:6] == ao.FLOAT32_LOWEST)
 
 
+def test_mode8_band_on_a_sequence_without_keys(backend):
+    """Mode 8's band sequence is the first with query rows, keys or not (the operator's
+    tiling: the first nonzero actualSeqQLen entry): here the key-less sequence 0 carries
+    the band, so sequence 1 is plain leftUpCausal, not a band of next_tokens=2."""
+    rng = rng_for("mode8-keyless")
+    args, kw = ao.make_case(rng, "TND", N1=2, N2=1, D=8, seq_q=[2, 3], seq_kv=[0, 4],
+                            sparse_mode=8, pre_tokens=4, next_tokens=2)
+    ref = run_case(args, kw)
+    visible = ao.visible_mask(*(f64(a) for a in args[:2]), **kw)
+    assert not visible[..., 2, 1:].any() and not visible[..., :2, :].any()  # j > i: masked
+    assert np.all(ref[1][:2] == ao.FLOAT32_LOWEST)
+
+
 @pytest.mark.parametrize("mode", [0, 4])
 def test_varlen_negative_tokens(backend, mode):
     """Negative next_tokens per sequence (mode 4: each sequence's own bottom-right origin)."""
