@@ -313,7 +313,7 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
         pse_type=info.pse_type, bias=info.kind, bias_form=info.form,
         static_offsets=info.static_offsets, static_lengths=static_lengths,
         sq_above_skv=varlen and pairs is not None and any(a > b for a, b in pairs),
-        keyless_sequence=varlen and pairs is not None and any(a > 0 == b for a, b in pairs),
+        keyless_sequence=varlen and pairs is not None and any(a > 0 and b == 0 for a, b in pairs),
         dropout=dropout_mode, keep_prob=keep_prob)
     heads = tuple(split_heads(x, layout, n) for x, n in ((query, n1), (key, n2), (value, n2)))
     extra_inputs = {"pse": pse, "offsets": offsets, "key_words": words, "drop_mask": drop_mask,
