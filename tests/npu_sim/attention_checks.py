@@ -56,6 +56,14 @@ def attention_case(shapes, tol=2e-5, dtype=jnp.float32, want_kernel=KERNEL, **kw
     assert CORE.jax_rope_sim_live_executors() == 0, "executors left alive"
 
 
+def traced_lengths(q, k, **kw):
+    """The jitted TND call flash_attention_score(q, k, k, **kw) with actual_seq_qlen and
+    actual_seq_kvlen traced: f(lq, lkv) takes them as Python lists (int32 arrays inside)."""
+    f = jax.jit(lambda a, b: jr.flash_attention_score(
+        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw))
+    return lambda lq, lkv: f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
+
+
 def bsnd(b, sq, skv, n1, n2, d, dv=None):
     return [(b, sq, n1, d), (b, skv, n2, d), (b, skv, n2, dv or d)]
 
@@ -158,15 +166,12 @@ def attention_tnd_tokens_after_the_last_sequence():
     attention_case([(4, 2, 16), (5, 2, 16), (5, 2, 16)], sparse_mode=0,
                    actual_seq_qlen=[0, 0], actual_seq_kvlen=[2, 3], **tnd)
     q, k = normal((9, 4, 16), 0), normal((12, 2, 16), 1)
-    f = jax.jit(lambda a, b: jr.flash_attention_score(q, k, k, sparse_mode=2,
-                                                      actual_seq_qlen=a, actual_seq_kvlen=b,
-                                                      **tnd))
+    f = traced_lengths(q, k, sparse_mode=2)
     for lq, lkv in (([3, 7], [4, 9]), ([2, 9], [5, 12]), ([0, 1], [0, 1]), ([0, 0], [3, 5])):
-        got = f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
         want = ref.flash_attention_score(*(np.asarray(x, np.float64) for x in (q, k, k)),
                                          sparse_mode=2, actual_seq_qlen=lq,
                                          actual_seq_kvlen=lkv, **tnd)
-        for g, w in zip(got, want):
+        for g, w in zip(f(lq, lkv), want):
             np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=2e-5, atol=2e-5)
     assert CORE.jax_rope_sim_live_tensors() == 0, "descriptors left alive"
 
@@ -186,18 +191,16 @@ def attention_tnd_keyless_sequence():
     # backward.
     attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **dict(kw, actual_seq_kvlen=[0, 0]))
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
-    f = jax.jit(lambda a, b: jr.flash_attention_score(
-        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0])
+    f = traced_lengths(q, k)
     g = jax.jit(jax.grad(lambda q, k, a, b: jnp.sum(jr.flash_attention_score(
         q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0]), (0, 1)))
-    lengths = [jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 0])]
-    np.testing.assert_array_equal(np.asarray(f(*lengths)), 0.0)
-    for grad in g(q, k, *lengths):
+    np.testing.assert_array_equal(np.asarray(f([2, 7], [0, 0])[0]), 0.0)
+    for grad in g(q, k, *(jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 0]))):
         np.testing.assert_array_equal(np.asarray(grad), 0.0)
     if not KERNEL or GEN >= 85:
         return
     try:
-        jax.block_until_ready(f(*(jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 4]))))
+        jax.block_until_ready(f([2, 7], [0, 4]))
     except Exception as e:  # noqa: BLE001
         assert "seqLen is not 0 and sekvLen is 0" in str(e), e
         assert CORE.jax_rope_sim_live_tensors() == 0
@@ -219,11 +222,10 @@ def attention_invalid_traced_lengths_and_prefix_are_refused():
     # traced values became in the sequence table, naming the argument; the fallback
     # (where no kernel covers the call) computes, which describe() states.
     q = normal((8, 2, 16), 0)
-    f = jax.jit(lambda a, b: jr.flash_attention_score(
-        q, q, q, input_layout="TND", sparse_mode=3, actual_seq_qlen=a, actual_seq_kvlen=b)[0])
+    f = traced_lengths(q, q, sparse_mode=3)
     x = normal((1, 4, 2, 16), 1)
     g = jax.jit(lambda p: jr.flash_attention_score(x, x, x, sparse_mode=6, prefix=p)[0])
-    bad = [(lambda: f(jnp.asarray([4, 12], jnp.int32), jnp.asarray([4, 8], jnp.int32)),
+    bad = [(lambda: f([4, 12], [4, 8]),
             "actual_seq_qlen/actual_seq_kvlen must be non-decreasing"),
            (lambda: g(jnp.asarray([5], jnp.int32)), "prefix\\[0\\] must be in")]
     with jr.runtime_checks(False):
@@ -296,15 +298,14 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
             assert "sparse_mode 3 with TND and a sequence with Sq > Skv" in str(e), e
         else:
             raise AssertionError("backend 'ffi' accepted what no NPU kernel covers")
-    f = jax.jit(lambda a, b: jr.flash_attention_score(
-        q, k, k, input_layout="TND", sparse_mode=3, actual_seq_qlen=a, actual_seq_kvlen=b)[0])
-    ok = f(jnp.asarray([2, 7], jnp.int32), jnp.asarray([3, 8], jnp.int32))  # Sq <= Skv
+    f = traced_lengths(q, k, sparse_mode=3)
+    ok = f([2, 7], [3, 8])[0]  # Sq <= Skv
     want = ref.flash_attention_score(
         *(np.asarray(x, np.float64) for x in (q, k, k)),
         **ref.ref_kwargs(dict(kw, actual_seq_kvlen=[3, 8])))[0]
     np.testing.assert_allclose(np.asarray(ok, np.float64), want, rtol=2e-5, atol=2e-5)
     try:
-        jax.block_until_ready(f(*(jnp.asarray(x, jnp.int32) for x in ([2, 7], [3, 5]))))
+        jax.block_until_ready(f([2, 7], [3, 5]))
     except Exception as e:  # noqa: BLE001
         text = str(e)
         assert "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU " \
