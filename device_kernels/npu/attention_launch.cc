@@ -142,8 +142,8 @@ std::string CheckTable(const HostTable& host, bool varlen, SparseMode mode, int6
     if (varlen && mode == SparseMode::kRightDownCausal && q_len > kv_len) {
       return "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU (sequence " +
              std::to_string(b) + ": Sq " + std::to_string(q_len) + ", Skv " +
-             std::to_string(kv_len) + "); concrete actual_seq_qlen/actual_seq_kvlen take the "
-             "fallback there";
+             std::to_string(kv_len) + "); backend \"auto\" takes the fallback for such "
+             "lengths";
     }
     q_end = q0 + q_len;
     kv_end = kv0 + kv_len;

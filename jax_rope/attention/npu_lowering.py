@@ -2,7 +2,8 @@
 attributes FlashAttentionScore(+Grad) need for the spec's result (mask
 operand, statistics in the operator's layout, pse in the shapes the tiling
 reads, the packed dropMask), and the coverage check that decides between the
-NPU kernel and the fallback (npu/coverage.py).
+NPU kernel and the fallback (npu/coverage.py): when the call is traced, and
+for traced TND lengths also when it runs.
 
 Bias and dropout (spec/attention_bias_dropout.md): the primitives carry the
 canonical operands (options.extra_names); the NPU reads
@@ -23,7 +24,7 @@ import numpy as np
 from jax.interpreters import mlir
 
 from jax_rope import npu
-from jax_rope.attention import dropout
+from jax_rope.attention import dropout, fallback
 from jax_rope.attention.masks import KV_LEN, KV_START, Q_LEN, Q_START
 from jax_rope.npu import cann, coverage
 
@@ -142,6 +143,37 @@ def _npu_stats_width(options, stats_shape):
     return stats_shape + (npu.STATS_WIDTH,)
 
 
+def _valid_table(table, q_rows, kv_rows):
+    """Whether the NPU handler takes a TND sequence table (attention_launch.cc,
+    CheckTable): each sequence starts where the one before ends, with a length
+    >= 0, and ends within the rows."""
+    def chained(start, length, rows):
+        end = start + length
+        before = jnp.concatenate([jnp.zeros((1,), end.dtype), end[:-1]])
+        return jnp.all((start == before) & (length >= 0) & (end <= rows))
+    return (chained(table[:, Q_START], table[:, Q_LEN], q_rows)
+            & chained(table[:, KV_START], table[:, KV_LEN], kv_rows))
+
+
+def _fallback_at_run_time(kernel, fallback_call, options, table_at):
+    """`kernel`, or for traced TND lengths that the operator may not cover
+    (coverage.attention_lengths_gap) a choice made when the call runs: the
+    fallback for valid lengths it does not cover. Invalid ones stay the
+    operator's, whose handler refuses them (the fallback here cannot); so do
+    all with "ffi", which the handler or CANN refuse where not covered."""
+    uncovered = coverage.attention_lengths_gap(npu.current_cann()[0], options)
+    if uncovered is None or options.backend == "ffi":
+        return kernel
+
+    def call(*args):
+        q, k, table = args[0], args[1], args[table_at]
+        use_fallback = (_valid_table(table, q.shape[0], k.shape[0])
+                        & uncovered(table[:, Q_LEN], table[:, KV_LEN]))
+        return jax.lax.cond(use_fallback, lambda *a: tuple(fallback_call(*a, options=options)),
+                            lambda *a: tuple(kernel(*a)), *args)
+    return call
+
+
 def npu_forward(ctx, *args, options):
     out_aval, stats_aval, _ = ctx.avals_out
     wide = _shape(stats_aval, _npu_stats_width(options, stats_aval.shape))
@@ -164,6 +196,7 @@ def npu_forward(ctx, *args, options):
                 jnp.where(inside, flat(smax), -np.finfo(np.float32).max),
                 jnp.where(inside, flat(ssum), np.finfo(np.float32).max))
 
+    call = _fallback_at_run_time(call, fallback.attention_forward, options, 3)
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 
@@ -194,6 +227,7 @@ def npu_backward(ctx, *args, options):
             jnp.zeros((), x.dtype))
         return held(dq, q_end), held(dk, kv_end), held(dv, kv_end)
 
+    call = _fallback_at_run_time(call, fallback.attention_backward, options, 7)
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 

@@ -44,8 +44,10 @@ class AttentionOptions:
     bias_form: str | None = None  # the caller's form: full, row, compressed, packed_*, slopes
     static_offsets: tuple | None = (0, 0)  # (q_start_idx, kv_start_idx) when concrete
     static_lengths: tuple | None = None  # TND ((Sq_b...), (Skv_b...)) when concrete
-    sq_above_skv: bool = False  # TND: concrete lengths with Sq_b > Skv_b in some sequence
-    keyless_sequence: bool = False  # TND: concrete lengths with Sq_b > 0 == Skv_b in one
+    # TND lengths with Sq_b > Skv_b in some sequence, and with Sq_b > 0 == Skv_b in one:
+    # None where the lengths are traced (known when the call runs).
+    sq_above_skv: bool | None = False
+    keyless_sequence: bool | None = False
     dropout: str | None = None  # None, "key" (dropout_key) or "mask" (dropout_mask)
     keep_prob: float = 1.0
 
@@ -235,6 +237,13 @@ def _check_mask(atten_mask, mode, sizes, varlen):
     return mask[None, None] if mask.ndim == 2 else mask
 
 
+def _sequences_where(varlen, pairs, rule) -> bool | None:
+    """Whether some TND sequence's (Sq_b, Skv_b) meets `rule`: None for traced lengths."""
+    if not varlen:
+        return False
+    return None if pairs is None else any(rule(a, b) for a, b in pairs)
+
+
 def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_mode,
                    pre_tokens, next_tokens, atten_mask, prefix, actual_seq_qlen,
                    actual_seq_kvlen, backend, needs_value=True, pse=None, pse_type=1,
@@ -312,8 +321,8 @@ def attention_call(query, key, value, *, input_layout, head_num, scale, sparse_m
         layout.name, float(scale), mode, pre, nxt, mask is not None, backend,
         pse_type=info.pse_type, bias=info.kind, bias_form=info.form,
         static_offsets=info.static_offsets, static_lengths=static_lengths,
-        sq_above_skv=varlen and pairs is not None and any(a > b for a, b in pairs),
-        keyless_sequence=varlen and pairs is not None and any(a > 0 and b == 0 for a, b in pairs),
+        sq_above_skv=_sequences_where(varlen, pairs, lambda a, b: a > b),
+        keyless_sequence=_sequences_where(varlen, pairs, lambda a, b: a > 0 and b == 0),
         dropout=dropout_mode, keep_prob=keep_prob)
     heads = tuple(split_heads(x, layout, n) for x, n in ((query, n1), (key, n2), (value, n2)))
     extra_inputs = {"pse": pse, "offsets": offsets, "key_words": words, "drop_mask": drop_mask,

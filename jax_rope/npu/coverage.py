@@ -91,12 +91,30 @@ def attention_gap(p: Profile, gen: Generation, options, query, key, value,
         if (m[0], m[1]) not in ((1, 1), (batch, 1), (batch, heads)):
             return f"atten_mask shape {m}"
     if options.sparse_mode == 3 and options.sq_above_skv:
-        # "sparse_mode=3 ... needs Sq <= Skv in every batch" (no fully masked rows there);
-        # traced lengths reach the NPU handler, which refuses them (attention_launch.cc).
+        # "sparse_mode=3 ... needs Sq <= Skv in every batch" (no fully masked rows there).
         return "sparse_mode 3 with TND and a sequence with Sq > Skv"
     if options.keyless_sequence and not gen.keyless_sequences:
         return f"a TND sequence with query tokens and no key on CANN {gen.version}"
     return bias_dropout_gap(options, query.shape[roles.seq], key.shape[roles.seq])
+
+
+def attention_lengths_gap(gen: Generation, options):
+    """The rules above on TND lengths that are traced: a function of the per-sequence
+    lengths (Sq_b, Skv_b), true where the operator does not cover them (the lowering
+    takes the fallback then, when the call runs); None when it covers any lengths."""
+    mode3 = options.sparse_mode == 3 and options.sq_above_skv is None
+    keyless = options.keyless_sequence is None and not gen.keyless_sequences
+    if not (mode3 or keyless):
+        return None
+
+    def uncovered(q_lens, kv_lens):
+        found = jnp.zeros(q_lens.shape, bool)
+        if mode3:
+            found |= q_lens > kv_lens
+        if keyless:
+            found |= (q_lens > 0) & (kv_lens == 0)
+        return jnp.any(found)
+    return uncovered
 
 
 def bias_dropout_gap(options, q_rows: int, kv_rows: int) -> str | None:

@@ -20,6 +20,7 @@ from sim_libraries import CHIP, CORE, GEN, OPS
 
 KERNEL = CHIP in ("A2", "A3")
 ATTENTION_CHECKS = {}
+CORE.jax_rope_sim_fail_next.argtypes = [ctypes.c_char_p, ctypes.c_int32]
 FWD, BWD = npu.ATTENTION_FWD, npu.ATTENTION_BWD
 
 
@@ -62,6 +63,39 @@ def traced_lengths(q, k, **kw):
     f = jax.jit(lambda a, b: jr.flash_attention_score(
         q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw))
     return lambda lq, lkv: f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
+
+
+def traced_case(q, k, lq, lkv, tol=2e-5, **kw):
+    """The TND call (q, k, k) with traced lengths lq/lkv, its forward and jax.grad wrt q and
+    k (key and value both) against the oracle."""
+    f64 = [np.asarray(x, np.float64) for x in (q, k, k)]
+    ref_kw = ref.ref_kwargs(dict(kw, input_layout="TND", actual_seq_qlen=lq,
+                                 actual_seq_kvlen=lkv))
+    want = ref.flash_attention_score(*f64, **ref_kw)
+    for got, w in zip(traced_lengths(q, k, **kw)(lq, lkv), want):
+        np.testing.assert_allclose(np.asarray(got, np.float64), w, rtol=tol, atol=tol)
+    dout = normal(want[0].shape, 9)
+    grad = jax.jit(jax.grad(lambda q, k, a, b: jnp.sum(jr.flash_attention_score(
+        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw)[0] * dout),
+        (0, 1)))
+    dq, dk, dv = ref.flash_attention_grad(*f64, np.asarray(dout, np.float64), **ref_kw)
+    got = grad(q, k, jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
+    for g, w in zip(got, (dq, dk + dv)):
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+
+
+def reads_the_sequence_table(call) -> bool:
+    """Whether `call` runs the NPU handler of a TND call: it fails when the handler's
+    aclrtMallocHost for the sequence table fails."""
+    CORE.jax_rope_sim_fail_next(b"aclrtMallocHost", 207001)
+    try:
+        jax.block_until_ready(call())
+    except Exception as e:  # noqa: BLE001
+        assert "injected failure of aclrtMallocHost" in str(e), e
+        return True
+    finally:
+        CORE.jax_rope_sim_fail_next(None, 0)
+    return False
 
 
 def bsnd(b, sq, skv, n1, n2, d, dv=None):
@@ -179,9 +213,10 @@ def attention_tnd_tokens_after_the_last_sequence():
 @check
 def attention_tnd_keyless_sequence():
     # A sequence with query tokens and no key (its rows see nothing: out 0, the dead-row
-    # statistics). CANN 8.0's VarLen tiling refuses it, so concrete lengths take the
-    # fallback there; traced ones reach the operator, whose refusal comes back as an error.
-    # Later ones take it.
+    # statistics). CANN 8.0's VarLen tiling refuses it: concrete lengths take the fallback
+    # there, traced ones the fallback when the call runs and the table holds such a
+    # sequence (the operator otherwise); with "ffi" the operator's refusal comes back.
+    # Later generations take it.
     shapes = [(7, 2, 16), (4, 2, 16), (4, 2, 16)]
     kw = dict(input_layout="TND", sparse_mode=0, actual_seq_qlen=[2, 7],
               actual_seq_kvlen=[0, 4])
@@ -191,16 +226,18 @@ def attention_tnd_keyless_sequence():
     # backward.
     attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **dict(kw, actual_seq_kvlen=[0, 0]))
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
+    for lq, lkv in (([2, 7], [0, 0]), ([2, 7], [0, 4]), ([2, 7], [1, 4])):
+        traced_case(q, k, lq, lkv)
+    if not KERNEL:
+        return
     f = traced_lengths(q, k)
-    g = jax.jit(jax.grad(lambda q, k, a, b: jnp.sum(jr.flash_attention_score(
-        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b)[0]), (0, 1)))
-    np.testing.assert_array_equal(np.asarray(f([2, 7], [0, 0])[0]), 0.0)
-    for grad in g(q, k, *(jnp.asarray(x, jnp.int32) for x in ([2, 7], [0, 0]))):
-        np.testing.assert_array_equal(np.asarray(grad), 0.0)
-    if not KERNEL or GEN >= 85:
+    assert reads_the_sequence_table(lambda: f([2, 7], [1, 4]))
+    assert reads_the_sequence_table(lambda: f([2, 7], [0, 4])) == (GEN >= 85)
+    if GEN >= 85:
         return
     try:
-        jax.block_until_ready(f([2, 7], [0, 4]))
+        with jr.backend("ffi"):  # read when the call is traced
+            jax.block_until_ready(traced_lengths(q, k)([2, 7], [0, 4]))
     except Exception as e:  # noqa: BLE001
         assert "seqLen is not 0 and sekvLen is 0" in str(e), e
         assert CORE.jax_rope_sim_live_tensors() == 0
@@ -282,15 +319,21 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
     # The VarLen operator documents "sparse_mode=3 needs Sq <= Skv in every batch" (it has
     # no fully masked rows there); the spec allows it. Concrete lengths that break the rule
     # take the fallback, forward and backward (the spec's answer: the rows that see no key
-    # give 0); "ffi" names the gap at trace time. Traced lengths reach the NPU handler,
-    # which refuses them, naming the sequence, before the operator is asked.
+    # give 0); "ffi" names the gap at trace time. Traced lengths take the fallback when the
+    # call runs and the table breaks the rule, the operator otherwise; with "ffi" the NPU
+    # handler refuses them, naming the sequence, before the operator is asked.
     shapes = [(7, 2, 16), (8, 2, 16), (8, 2, 16)]
     kw = dict(input_layout="TND", sparse_mode=3, actual_seq_qlen=[2, 7],
               actual_seq_kvlen=[3, 5])  # sequence 1: Sq 5 > Skv 2
     attention_case(shapes, want_kernel=False, **kw)
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
+    for lkv in ([3, 5], [3, 8], [0, 8]):  # Sq > Skv in sequence 1, in none, in sequence 0
+        traced_case(q, k, [2, 7], lkv, sparse_mode=3)
     if not KERNEL:
         return
+    f = traced_lengths(q, k, sparse_mode=3)
+    assert reads_the_sequence_table(lambda: f([2, 7], [3, 8]))
+    assert not reads_the_sequence_table(lambda: f([2, 7], [3, 5]))
     with jr.backend("ffi"):
         try:
             jr.flash_attention_score(q, k, k, **kw)
@@ -298,21 +341,15 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
             assert "sparse_mode 3 with TND and a sequence with Sq > Skv" in str(e), e
         else:
             raise AssertionError("backend 'ffi' accepted what no NPU kernel covers")
-    f = traced_lengths(q, k, sparse_mode=3)
-    ok = f([2, 7], [3, 8])[0]  # Sq <= Skv
-    want = ref.flash_attention_score(
-        *(np.asarray(x, np.float64) for x in (q, k, k)),
-        **ref.ref_kwargs(dict(kw, actual_seq_kvlen=[3, 8])))[0]
-    np.testing.assert_allclose(np.asarray(ok, np.float64), want, rtol=2e-5, atol=2e-5)
-    try:
-        jax.block_until_ready(f([2, 7], [3, 5]))
-    except Exception as e:  # noqa: BLE001
-        text = str(e)
-        assert "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU " \
-               "(sequence 1: Sq 5, Skv 2)" in text, text
-        assert "failed with status" not in text, text  # refused before the operator
-        assert CORE.jax_rope_sim_live_tensors() == 0
-        return
+        try:
+            jax.block_until_ready(traced_lengths(q, k, sparse_mode=3)([2, 7], [3, 5]))
+        except Exception as e:  # noqa: BLE001
+            text = str(e)
+            assert "sparse_mode 3 with TND needs Sq <= Skv in every sequence on the NPU " \
+                   "(sequence 1: Sq 5, Skv 2)" in text, text
+            assert "failed with status" not in text, text  # refused before the operator
+            assert CORE.jax_rope_sim_live_tensors() == 0
+            return
     raise AssertionError("the NPU handler accepted traced lengths with Sq > Skv")
 
 
