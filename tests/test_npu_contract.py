@@ -67,7 +67,7 @@ def checks_for(chip, gen):
                   "executor_freed_when_workspace_allocation_fails"]
     if chip in ("A2", "A3"):
         names += ["attention_wrong_calls_directly_are_rejected", "attention_16_bit_dtypes",
-                  "attention_handlers_refuse_unknown_attributes",
+                  "attention_handlers_refuse_unknown_attributes", "attention_vmapped_tnd_calls",
                   "bias_dropout_wrong_calls_directly_are_rejected",
                   "a2_backward_uses_rotary_position_embedding_grad"]
     if chip in ("A2", "A3") and gen >= 85:

@@ -29,8 +29,8 @@ from jax_rope.attention.masks import KV_LEN, KV_START, Q_LEN, Q_START
 from jax_rope.npu import cann, coverage
 
 
-def _shape(aval, shape=None):
-    return jax.ShapeDtypeStruct(aval.shape if shape is None else shape, aval.dtype)
+def _shape(x):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
 
 def _offsets(options):
@@ -174,13 +174,36 @@ def _fallback_at_run_time(kernel, fallback_call, options, table_at):
     return call
 
 
-def npu_forward(ctx, *args, options):
-    out_aval, stats_aval, _ = ctx.avals_out
-    wide = _shape(stats_aval, _npu_stats_width(options, stats_aval.shape))
+def _copy_by_copy(call, options, table_at):
+    """`call`, one copy at a time where vmap folded copies of a TND call into its
+    token axis (options.copies): the operator's cumulative lengths cannot skip the
+    tokens after a copy's last sequence. The operands before the table are
+    token-major, as are the results; the ones after it are every copy's."""
+    copies = options.copies
+    if copies == 1:
+        return call
 
+    def call_each(*args):
+        table, rest = args[table_at], args[table_at + 1:]
+        q_tokens, kv_tokens = args[0].shape[0] // copies, args[1].shape[0] // copies
+        offset = jnp.arange(copies, dtype=table.dtype)[:, None]
+        tables = (table.reshape(copies, -1, table.shape[1])
+                  .at[..., Q_START].add(-offset * q_tokens)
+                  .at[..., KV_START].add(-offset * kv_tokens))
+        split = [x.reshape((copies, -1) + x.shape[1:]) for x in args[:table_at]]
+        outs = jax.lax.map(lambda xs: call(*xs[:-1], xs[-1], *rest), (*split, tables))
+        return tuple(x.reshape((-1,) + x.shape[2:]) for x in outs)
+    return call_each
+
+
+def npu_forward(ctx, *args, options):
     def call(q, k, v, table, *extra):
+        # Shapes from the operands: with options.copies a call is one copy's.
+        stats = (q.shape[0], q.shape[1]) if options.varlen else ctx.avals_out[1].shape
+        wide = jax.ShapeDtypeStruct(_npu_stats_width(options, stats), jnp.float32)
+        out_shape = jax.ShapeDtypeStruct(q.shape[:-1] + v.shape[-1:], q.dtype)
         extras = dict(zip(options.extra_names, extra))
-        out, smax, ssum = jax.ffi.ffi_call(npu.ATTENTION_FWD, (_shape(out_aval), wide, wide))(
+        out, smax, ssum = jax.ffi.ffi_call(npu.ATTENTION_FWD, (out_shape, wide, wide))(
             q, k, v, table, *_operands(options, table, extras, q.shape, k.shape),
             **_npu_attributes(options))
         if not options.varlen:
@@ -188,21 +211,19 @@ def npu_forward(ctx, *args, options):
         # Tokens after the last sequence are rows the operator is not given
         # (attention_launch.cc): they see no key; with no key token at all it
         # is not called, and no row sees one.
-        tokens, heads = stats_aval.shape
-        rows, inside = _ntd_rows(table, tokens, heads)
+        rows, inside = _ntd_rows(table, *stats)
         inside = (inside & (_ends(table)[1] > 0))[:, None]
         flat = lambda x: x[..., 0].reshape(-1)[rows]
         return (jnp.where(inside[..., None], out, jnp.zeros((), out.dtype)),
                 jnp.where(inside, flat(smax), -np.finfo(np.float32).max),
                 jnp.where(inside, flat(ssum), np.finfo(np.float32).max))
 
-    call = _fallback_at_run_time(call, fallback.attention_forward, options, 3)
+    call = _copy_by_copy(_fallback_at_run_time(call, fallback.attention_forward, options, 3),
+                         options, 3)
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 
 def npu_backward(ctx, *args, options):
-    outs = tuple(_shape(a) for a in ctx.avals_out)
-
     def call(q, k, v, out, dout, smax, ssum, table, *extra):
         extras = dict(zip(options.extra_names, extra))
         if options.varlen:
@@ -213,7 +234,7 @@ def npu_backward(ctx, *args, options):
                 s, mode="drop").reshape(heads, tokens)
             smax, ssum = ntd(smax), ntd(ssum)
         wide = lambda s: jnp.broadcast_to(s[..., None], s.shape + (npu.STATS_WIDTH,))
-        dq, dk, dv = jax.ffi.ffi_call(npu.ATTENTION_BWD, outs)(
+        dq, dk, dv = jax.ffi.ffi_call(npu.ATTENTION_BWD, tuple(map(_shape, (q, k, v))))(
             q, k, v, out, dout, wide(smax), wide(ssum), table,
             *_operands(options, table, extras, q.shape, k.shape), **_npu_attributes(options))
         if not options.varlen:
@@ -227,7 +248,8 @@ def npu_backward(ctx, *args, options):
             jnp.zeros((), x.dtype))
         return held(dq, q_end), held(dk, kv_end), held(dv, kv_end)
 
-    call = _fallback_at_run_time(call, fallback.attention_backward, options, 7)
+    call = _copy_by_copy(_fallback_at_run_time(call, fallback.attention_backward, options, 7),
+                         options, 7)
     return mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 

@@ -50,6 +50,9 @@ class AttentionOptions:
     keyless_sequence: bool | None = False
     dropout: str | None = None  # None, "key" (dropout_key) or "mask" (dropout_mask)
     keep_prob: float = 1.0
+    # TND: copies that vmap folded into the token axis, each T / copies tokens long with
+    # its sequences' starts shifted by its offset (the batching rule's).
+    copies: int = 1
 
     @property
     def layout_info(self) -> AttentionLayout:

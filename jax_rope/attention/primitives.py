@@ -13,6 +13,8 @@ take every optional operand: a small placeholder for an absent one.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,6 +127,7 @@ def _batch_rule(name, num_tensors, stats_slots):
             kv_tokens = folded[1].shape[fold] // size
             table = (table.at[..., Q_START].add(copy * q_tokens)
                      .at[..., KV_START].add(copy * kv_tokens))
+            options = dataclasses.replace(options, copies=options.copies * size)
         folded[table_at] = batching.merge(table, 0)
         if not options.varlen:
             for k, extra in enumerate(names):

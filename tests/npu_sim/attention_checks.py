@@ -245,6 +245,48 @@ def attention_tnd_keyless_sequence():
     raise AssertionError("CANN 8.0's VarLen operator accepted a sequence without keys")
 
 
+def vmapped_tnd_case(q, k, lq, lkv, dout, **kw):
+    """vmap over q, k, the lengths (and dout) of TND calls (q, k, k) with traced lengths:
+    each copy's forward and jax.grad wrt q and k against the oracle."""
+    def one(q, k, a, b):
+        return jr.flash_attention_score(q, k, k, input_layout="TND", actual_seq_qlen=a,
+                                        actual_seq_kvlen=b, **kw)
+    fn, grad = one, jax.grad(lambda q, k, a, b, d: jnp.sum(one(q, k, a, b)[0] * d), (0, 1))
+    for _ in range(q.ndim - 3):
+        fn, grad = jax.vmap(fn), jax.vmap(grad)
+    fwd = jax.jit(fn)
+    lengths = jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32)
+    outs, grads = fwd(q, k, *lengths), jax.jit(grad)(q, k, *lengths, dout)
+    for c in np.ndindex(q.shape[:-3]):
+        f64 = [np.asarray(x[c], np.float64) for x in (q, k, k)]
+        ref_kw = dict(kw, input_layout="TND", actual_seq_qlen=list(np.asarray(lq)[c]),
+                      actual_seq_kvlen=list(np.asarray(lkv)[c]))
+        for got, w in zip(outs, ref.flash_attention_score(*f64, **ref_kw)):
+            np.testing.assert_allclose(np.asarray(got[c], np.float64), w, rtol=2e-5, atol=2e-5)
+        dq, dk, dv = ref.flash_attention_grad(*f64, np.asarray(dout[c], np.float64), **ref_kw)
+        for got, w in zip(grads, (dq, dk + dv)):
+            np.testing.assert_allclose(np.asarray(got[c], np.float64), w, rtol=2e-5, atol=2e-5)
+    return lambda: fwd(q, k, *lengths)
+
+
+@check
+def attention_vmapped_tnd_calls():
+    # vmap folds the copies of a TND call into its token axis, each copy's sequences shifted
+    # by the copy's offset. The VarLen operator's cumulative lengths cannot skip the tokens
+    # after a copy's last sequence, so the lowering gives it one copy at a time: traced
+    # lengths that leave such tokens, forward and backward, a nested vmap, and in mode 3 a
+    # copy with Sq_b > Skv_b (the fallback for that copy alone, the operator for the others).
+    q, k, dout = normal((3, 9, 4, 16), 0), normal((3, 12, 2, 16), 1), normal((3, 9, 4, 16), 2)
+    lq = [[3, 7], [2, 9], [4, 5]]
+    call = vmapped_tnd_case(q, k, lq, [[4, 9], [5, 12], [6, 8]], dout, sparse_mode=2)
+    assert reads_the_sequence_table(call) == KERNEL
+    vmapped_tnd_case(q, k, lq, [[4, 9], [1, 12], [6, 8]], dout, sparse_mode=3)
+    nested = lambda x: x.reshape((2, 2) + x.shape[1:])
+    q, k, dout = normal((4, 6, 2, 16), 3), normal((4, 7, 2, 16), 4), normal((4, 6, 2, 16), 5)
+    vmapped_tnd_case(nested(q), nested(k), [[[2, 5], [0, 6]], [[3, 3], [1, 4]]],
+                     [[[3, 7], [2, 6]], [[4, 5], [2, 2]]], nested(dout))
+
+
 @check
 def attention_tnd_varlen_mode8_split():
     # attention.md's worked example: device 2 of a 5x4 leftUpCausal sequence cut 2+3
