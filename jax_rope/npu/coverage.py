@@ -95,6 +95,10 @@ def attention_gap(p: Profile, gen: Generation, options, query, key, value,
         return "sparse_mode 3 with TND and a sequence with Sq > Skv"
     if options.keyless_sequence and not gen.keyless_sequences:
         return f"a TND sequence with query tokens and no key on CANN {gen.version}"
+    if options.keyless_sequence and options.sparse_mode == 4:
+        # "band场景，preTokens和nextTokens之间必须要有交集", per sequence: where there
+        # is no key the operator may find no intersection (the spec skips such sequences).
+        return "sparse_mode 4 with a TND sequence with query tokens and no key"
     return bias_dropout_gap(options, query.shape[roles.seq], key.shape[roles.seq])
 
 
@@ -103,7 +107,8 @@ def attention_lengths_gap(gen: Generation, options):
     lengths (Sq_b, Skv_b), true where the operator does not cover them (the lowering
     takes the fallback then, when the call runs); None when it covers any lengths."""
     mode3 = options.sparse_mode == 3 and options.sq_above_skv is None
-    keyless = options.keyless_sequence is None and not gen.keyless_sequences
+    keyless = options.keyless_sequence is None and (not gen.keyless_sequences
+                                                    or options.sparse_mode == 4)
     if not (mode3 or keyless):
         return None
 

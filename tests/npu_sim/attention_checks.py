@@ -228,11 +228,19 @@ def attention_tnd_keyless_sequence():
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
     for lq, lkv in (([2, 7], [0, 0]), ([2, 7], [0, 4]), ([2, 7], [1, 4])):
         traced_case(q, k, lq, lkv)
+    # Mode 4 wants its band to meet every sequence's keys ("band场景，preTokens和nextTokens之间
+    # 必须要有交集"); the spec skips sequences without keys, so their calls take the fallback
+    # on every generation (here sequence 0's band, pre' 4 and next' -2, meets no row).
+    band = dict(sparse_mode=4, pre_tokens=2, next_tokens=0)
+    attention_case(shapes, want_kernel=False, **dict(kw, **band))
+    traced_case(q, k, [2, 7], [0, 4], **band)
     if not KERNEL:
         return
-    f = traced_lengths(q, k)
+    f, f_band = traced_lengths(q, k), traced_lengths(q, k, **band)
     assert reads_the_sequence_table(lambda: f([2, 7], [1, 4]))
     assert reads_the_sequence_table(lambda: f([2, 7], [0, 4])) == (GEN >= 85)
+    assert reads_the_sequence_table(lambda: f_band([2, 7], [1, 4]))
+    assert not reads_the_sequence_table(lambda: f_band([2, 7], [0, 4]))
     if GEN >= 85:
         return
     try:
