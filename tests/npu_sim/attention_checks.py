@@ -65,23 +65,27 @@ def traced_lengths(q, k, **kw):
     return lambda lq, lkv: f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
 
 
-def traced_case(q, k, lq, lkv, tol=2e-5, **kw):
-    """The TND call (q, k, k) with traced lengths lq/lkv, its forward and jax.grad wrt q and
-    k (key and value both) against the oracle."""
-    f64 = [np.asarray(x, np.float64) for x in (q, k, k)]
-    ref_kw = ref.ref_kwargs(dict(kw, input_layout="TND", actual_seq_qlen=lq,
-                                 actual_seq_kvlen=lkv))
-    want = ref.flash_attention_score(*f64, **ref_kw)
-    for got, w in zip(traced_lengths(q, k, **kw)(lq, lkv), want):
-        np.testing.assert_allclose(np.asarray(got, np.float64), w, rtol=tol, atol=tol)
-    dout = normal(want[0].shape, 9)
-    grad = jax.jit(jax.grad(lambda q, k, a, b: jnp.sum(jr.flash_attention_score(
+def traced_cases(q, k, lengths, tol=2e-5, **kw):
+    """The TND call (q, k, k) with traced lengths, for each (lq, lkv) of `lengths`: its
+    forward and jax.grad wrt q and k (key and value both) against the oracle. Returns the
+    jitted forward, f(lq, lkv)."""
+    fwd = traced_lengths(q, k, **kw)
+    grad = jax.jit(jax.grad(lambda q, k, a, b, dout: jnp.sum(jr.flash_attention_score(
         q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw)[0] * dout),
         (0, 1)))
-    dq, dk, dv = ref.flash_attention_grad(*f64, np.asarray(dout, np.float64), **ref_kw)
-    got = grad(q, k, jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
-    for g, w in zip(got, (dq, dk + dv)):
-        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+    f64 = [np.asarray(x, np.float64) for x in (q, k, k)]
+    for lq, lkv in lengths:
+        ref_kw = ref.ref_kwargs(dict(kw, input_layout="TND", actual_seq_qlen=lq,
+                                     actual_seq_kvlen=lkv))
+        want = ref.flash_attention_score(*f64, **ref_kw)
+        for got, w in zip(fwd(lq, lkv), want):
+            np.testing.assert_allclose(np.asarray(got, np.float64), w, rtol=tol, atol=tol)
+        dout = normal(want[0].shape, 9)
+        dq, dk, dv = ref.flash_attention_grad(*f64, np.asarray(dout, np.float64), **ref_kw)
+        got = grad(q, k, jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32), dout)
+        for g, w in zip(got, (dq, dk + dv)):
+            np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
+    return fwd
 
 
 def reads_the_sequence_table(call) -> bool:
@@ -216,7 +220,7 @@ def attention_tnd_keyless_sequence():
     # statistics). CANN 8.0's VarLen tiling refuses it: concrete lengths take the fallback
     # there, traced ones the fallback when the call runs and the table holds such a
     # sequence (the operator otherwise); with "ffi" the operator's refusal comes back.
-    # Later generations take it.
+    # Later generations take it, except in mode 4 (below).
     shapes = [(7, 2, 16), (4, 2, 16), (4, 2, 16)]
     kw = dict(input_layout="TND", sparse_mode=0, actual_seq_qlen=[2, 7],
               actual_seq_kvlen=[0, 4])
@@ -226,17 +230,15 @@ def attention_tnd_keyless_sequence():
     # backward.
     attention_case(shapes, want_kernel=KERNEL and GEN >= 85, **dict(kw, actual_seq_kvlen=[0, 0]))
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
-    for lq, lkv in (([2, 7], [0, 0]), ([2, 7], [0, 4]), ([2, 7], [1, 4])):
-        traced_case(q, k, lq, lkv)
+    f = traced_cases(q, k, [([2, 7], [0, 0]), ([2, 7], [0, 4]), ([2, 7], [1, 4])])
     # Mode 4 wants its band to meet every sequence's keys ("band场景，preTokens和nextTokens之间
     # 必须要有交集"); the spec skips sequences without keys, so their calls take the fallback
     # on every generation (here sequence 0's band, pre' 4 and next' -2, meets no row).
     band = dict(sparse_mode=4, pre_tokens=2, next_tokens=0)
     attention_case(shapes, want_kernel=False, **dict(kw, **band))
-    traced_case(q, k, [2, 7], [0, 4], **band)
+    f_band = traced_cases(q, k, [([2, 7], [0, 4])], **band)
     if not KERNEL:
         return
-    f, f_band = traced_lengths(q, k), traced_lengths(q, k, **band)
     assert reads_the_sequence_table(lambda: f([2, 7], [1, 4]))
     assert reads_the_sequence_table(lambda: f([2, 7], [0, 4])) == (GEN >= 85)
     assert reads_the_sequence_table(lambda: f_band([2, 7], [1, 4]))
@@ -377,11 +379,10 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
               actual_seq_kvlen=[3, 5])  # sequence 1: Sq 5 > Skv 2
     attention_case(shapes, want_kernel=False, **kw)
     q, k = normal(shapes[0], 0), normal(shapes[1], 1)
-    for lkv in ([3, 5], [3, 8], [0, 8]):  # Sq > Skv in sequence 1, in none, in sequence 0
-        traced_case(q, k, [2, 7], lkv, sparse_mode=3)
+    # Sq > Skv in sequence 1, in none, in sequence 0
+    f = traced_cases(q, k, [([2, 7], lkv) for lkv in ([3, 5], [3, 8], [0, 8])], sparse_mode=3)
     if not KERNEL:
         return
-    f = traced_lengths(q, k, sparse_mode=3)
     assert reads_the_sequence_table(lambda: f([2, 7], [3, 8]))
     assert not reads_the_sequence_table(lambda: f([2, 7], [3, 5]))
     with jr.backend("ffi"):
