@@ -72,7 +72,8 @@ def _bwd_abstract_eval(query, key, value, out, dout, softmax_max, softmax_sum, t
 # --- batching -------------------------------------------------------------------
 # A vmapped axis folds into the batch axis (padded layouts: the table and every
 # per-row operand get a row per folded entry) or the token axis (TND: each
-# copy's sequences are shifted by the copy's token offset). TND scores, TND
+# copy's sequences are shifted by the copy's token offset, and options.copies
+# counts the copies, which the NPU lowering unfolds again). TND scores, TND
 # calls with per-copy masks or any bias/dropout, and per-copy packed dropout
 # masks map over the copies instead.
 
