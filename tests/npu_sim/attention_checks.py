@@ -233,7 +233,7 @@ def attention_tnd_keyless_sequence():
     f = traced_cases(q, k, [([2, 7], [0, 0]), ([2, 7], [0, 4]), ([2, 7], [1, 4])])
     # Mode 4 wants its band to meet every sequence's keys ("band场景，preTokens和nextTokens之间
     # 必须要有交集"); the spec skips sequences without keys, so their calls take the fallback
-    # on every generation (here sequence 0's band, pre' 4 and next' -2, meets no row).
+    # on every generation (here sequence 0's band, pre' 4 and next' -2, meets no key).
     band = dict(sparse_mode=4, pre_tokens=2, next_tokens=0)
     attention_case(shapes, want_kernel=False, **dict(kw, **band))
     f_band = traced_cases(q, k, [([2, 7], [0, 4])], **band)
@@ -287,10 +287,9 @@ def attention_vmapped_tnd_calls():
     # lengths that leave such tokens, forward and backward, a nested vmap, and in mode 3 a
     # copy with Sq_b > Skv_b (the fallback for that copy alone, the operator for the others).
     q, k, dout = normal((3, 9, 4, 16), 0), normal((3, 12, 2, 16), 1), normal((3, 9, 4, 16), 2)
-    lq = [[3, 7], [2, 9], [4, 5]]
-    call = vmapped_tnd_case(q, k, lq, [[4, 9], [5, 12], [6, 8]], dout, sparse_mode=2)
-    assert reads_the_sequence_table(call) == KERNEL
-    vmapped_tnd_case(q, k, lq, [[4, 9], [1, 12], [6, 8]], dout, sparse_mode=3)
+    call = vmapped_tnd_case(q, k, [[3, 7], [2, 9], [4, 5]], [[4, 9], [1, 12], [6, 8]], dout,
+                            sparse_mode=3)  # copy 1's sequence 0: Sq 2 > Skv 1
+    assert reads_the_sequence_table(call) == KERNEL  # copy 0 reaches the operator
     nested = lambda x: x.reshape((2, 2) + x.shape[1:])
     q, k, dout = normal((4, 6, 2, 16), 3), normal((4, 7, 2, 16), 4), normal((4, 6, 2, 16), 5)
     vmapped_tnd_case(nested(q), nested(k), [[[2, 5], [0, 6]], [[3, 3], [1, 4]]],
