@@ -90,25 +90,33 @@ def attention_gap(p: Profile, gen: Generation, options, query, key, value,
         batch = query.shape[roles.batch]
         if (m[0], m[1]) not in ((1, 1), (batch, 1), (batch, heads)):
             return f"atten_mask shape {m}"
-    if options.sparse_mode == 3 and options.sq_above_skv:
-        # "sparse_mode=3 ... needs Sq <= Skv in every batch" (no fully masked rows there).
+    no_sq_above_skv, no_keyless = _length_rules(gen, options)
+    if no_sq_above_skv and options.sq_above_skv:
         return "sparse_mode 3 with TND and a sequence with Sq > Skv"
-    if options.keyless_sequence and not gen.keyless_sequences:
-        return f"a TND sequence with query tokens and no key on CANN {gen.version}"
-    if options.keyless_sequence and options.sparse_mode == 4:
-        # "band场景，preTokens和nextTokens之间必须要有交集", per sequence: where there
-        # is no key the operator may find no intersection (the spec skips such sequences).
+    if no_keyless and options.keyless_sequence:
+        if not gen.keyless_sequences:
+            return f"a TND sequence with query tokens and no key on CANN {gen.version}"
         return "sparse_mode 4 with a TND sequence with query tokens and no key"
     return bias_dropout_gap(options, query.shape[roles.seq], key.shape[roles.seq])
+
+
+def _length_rules(gen: Generation, options) -> tuple[bool, bool]:
+    """Which rules the VarLen operator puts on a call's per-sequence lengths: (no
+    Sq_b > Skv_b, no sequence with query tokens and no key)."""
+    # "sparse_mode=3 ... needs Sq <= Skv in every batch" (no fully masked rows there);
+    # "band场景，preTokens和nextTokens之间必须要有交集" per sequence: where there is no key
+    # the operator may find no intersection (the spec skips such sequences).
+    return (options.sparse_mode == 3,
+            not gen.keyless_sequences or options.sparse_mode == 4)
 
 
 def attention_lengths_gap(gen: Generation, options):
     """The rules above on TND lengths that are traced: a function of the per-sequence
     lengths (Sq_b, Skv_b), true where the operator does not cover them (the lowering
     takes the fallback then, when the call runs); None when it covers any lengths."""
-    mode3 = options.sparse_mode == 3 and options.sq_above_skv is None
-    keyless = options.keyless_sequence is None and (not gen.keyless_sequences
-                                                    or options.sparse_mode == 4)
+    no_sq_above_skv, no_keyless = _length_rules(gen, options)
+    mode3 = no_sq_above_skv and options.sq_above_skv is None
+    keyless = no_keyless and options.keyless_sequence is None
     if not (mode3 or keyless):
         return None
 
