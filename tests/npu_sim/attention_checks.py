@@ -57,11 +57,16 @@ def attention_case(shapes, tol=2e-5, dtype=jnp.float32, want_kernel=KERNEL, **kw
     assert CORE.jax_rope_sim_live_executors() == 0, "executors left alive"
 
 
+def tnd(q, k, a, b, **kw):
+    """flash_attention_score(q, k, k, **kw) in TND with lengths a, b (traced where arrays)."""
+    return jr.flash_attention_score(q, k, k, input_layout="TND", actual_seq_qlen=a,
+                                    actual_seq_kvlen=b, **kw)
+
+
 def traced_lengths(q, k, **kw):
     """The jitted TND call flash_attention_score(q, k, k, **kw) with actual_seq_qlen and
     actual_seq_kvlen traced: f(lq, lkv) takes them as Python lists (int32 arrays inside)."""
-    f = jax.jit(lambda a, b: jr.flash_attention_score(
-        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw))
+    f = jax.jit(lambda a, b: tnd(q, k, a, b, **kw))
     return lambda lq, lkv: f(jnp.asarray(lq, jnp.int32), jnp.asarray(lkv, jnp.int32))
 
 
@@ -70,9 +75,8 @@ def traced_cases(q, k, lengths, tol=2e-5, **kw):
     forward and jax.grad wrt q and k (key and value both) against the oracle. Returns the
     jitted forward, f(lq, lkv)."""
     fwd = traced_lengths(q, k, **kw)
-    grad = jax.jit(jax.grad(lambda q, k, a, b, dout: jnp.sum(jr.flash_attention_score(
-        q, k, k, input_layout="TND", actual_seq_qlen=a, actual_seq_kvlen=b, **kw)[0] * dout),
-        (0, 1)))
+    grad = jax.jit(jax.grad(lambda q, k, a, b, dout: jnp.sum(tnd(q, k, a, b, **kw)[0] * dout),
+                            (0, 1)))
     f64 = [np.asarray(x, np.float64) for x in (q, k, k)]
     for lq, lkv in lengths:
         ref_kw = ref.ref_kwargs(dict(kw, input_layout="TND", actual_seq_qlen=lq,
@@ -258,10 +262,8 @@ def attention_tnd_keyless_sequence():
 def vmapped_tnd_case(q, k, lq, lkv, dout, **kw):
     """vmap over q, k, the lengths (and dout) of TND calls (q, k, k) with traced lengths:
     each copy's forward and jax.grad wrt q and k against the oracle."""
-    def one(q, k, a, b):
-        return jr.flash_attention_score(q, k, k, input_layout="TND", actual_seq_qlen=a,
-                                        actual_seq_kvlen=b, **kw)
-    fn, grad = one, jax.grad(lambda q, k, a, b, d: jnp.sum(one(q, k, a, b)[0] * d), (0, 1))
+    fn = lambda q, k, a, b: tnd(q, k, a, b, **kw)
+    grad = jax.grad(lambda q, k, a, b, d: jnp.sum(tnd(q, k, a, b, **kw)[0] * d), (0, 1))
     for _ in range(q.ndim - 3):
         fn, grad = jax.vmap(fn), jax.vmap(grad)
     fwd = jax.jit(fn)
