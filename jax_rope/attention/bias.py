@@ -197,11 +197,12 @@ def _abs_float32(x, y, z):
     return mag_high.astype(jnp.float32) * np.float32(65536) + mag_low.astype(jnp.float32)
 
 
-def values(options, bias, offsets, table, q_len: int, kv_len: int):
-    """float32 bias values broadcastable to the scores (B, N1, Sq, Skv), TND (1, N1, Tq, Tkv):
-    the caller's P (types 0/1) or -slope * g(|dist|) (types 2/3)."""
+def values(options, bias, offsets, table, rows, kv_len: int):
+    """float32 bias values broadcastable to the scores (B, N1, R, Skv) at the query rows
+    `rows` (masks.query_rows), TND (1, N1, R, Tkv) at query tokens: the caller's P (types
+    0/1) or -slope * g(|dist|) (types 2/3). A "tensor" bias of Sq rows holds those rows."""
     kind, varlen = options.bias, options.varlen
-    b, i, j = local_grid(table, q_len, kv_len, varlen)
+    b, i, j = local_grid(table, rows, kv_len, varlen)
     if kind == "tensor":
         bias = bias.astype(jnp.float32)
         return bias[None, :, None, :] if varlen else bias
@@ -213,7 +214,7 @@ def values(options, bias, offsets, table, q_len: int, kv_len: int):
         slopes = -bias.astype(jnp.float32)
         if varlen:
             slope = slopes[0 if slopes.shape[0] == 1 else b[0, 0, :, 0]]  # (Tq, N1) or (N1,)
-            slope = jnp.broadcast_to(slope, (q_len, slopes.shape[1]))
+            slope = jnp.broadcast_to(slope, (rows.shape[0], slopes.shape[1]))
             return jnp.swapaxes(slope, 0, 1)[None, :, :, None] * a
         return slopes[:, :, None, None] * a
     if kind == "packed":

@@ -145,36 +145,37 @@ def row_keys(words, rows: int):
 
 # --- the mask, densely (fallback, NPU glue, public function) ------------------
 
-def _token_sequences(table, q_tokens: int):
-    """Per packed query token: its sequence (clipped) and local row."""
+def _token_sequences(table, tokens):
+    """Per packed query token in `tokens`: its sequence (clipped) and local row."""
     ends = table[:, Q_START] + table[:, Q_LEN]
-    t = jnp.arange(q_tokens, dtype=jnp.int32)
-    b = jnp.minimum(jnp.searchsorted(ends, t, side="right"), table.shape[0] - 1)
-    return b, t - table[b, Q_START]
+    b = jnp.minimum(jnp.searchsorted(ends, tokens, side="right"), table.shape[0] - 1)
+    return b, tokens - table[b, Q_START]
 
 
-def local_grid(table, q_len: int, kv_len: int, varlen: bool):
-    """(b, i, j) int32 index grids broadcastable to (B, 1, Sq, Skv) (TND: (1, 1, Tq, Tkv),
-    b the sequence of the query token, i/j sequence-local)."""
+def local_grid(table, rows, kv_len: int, varlen: bool):
+    """(b, i, j) int32 index grids broadcastable to (B, 1, R, Skv) at the int32 query rows
+    `rows` (masks.query_rows; TND: (1, 1, R, Tkv) at query tokens, b the sequence of the
+    token, i/j sequence-local)."""
     if varlen:
-        b, i = _token_sequences(table, q_len)
+        b, i = _token_sequences(table, rows)
         j = jnp.arange(kv_len, dtype=jnp.int32)[None, :] - table[b, KV_START][:, None]
         return b[None, None, :, None], i[None, None, :, None], j[None, None]
     b = jnp.arange(table.shape[0], dtype=jnp.int32)[:, None, None, None]
-    i = jnp.arange(q_len, dtype=jnp.int32)[None, None, :, None]
+    i = rows[None, None, :, None]
     j = jnp.arange(kv_len, dtype=jnp.int32)[None, None, None, :]
     return b, i, j
 
 
-def keep_bits(options, table, extras: dict, q_len: int, kv_len: int):
-    """bool keep mask (B, N1, Sq, Skv), or (1, N1, Tq, Tkv) for TND (positions outside a
-    sequence are unspecified): the function every platform evaluates."""
-    b, i, j = local_grid(table, q_len, kv_len, options.varlen)
-    rows = extras["drop_rows"]  # (B, N1)
+def keep_bits(options, table, extras: dict, rows, kv_len: int):
+    """bool keep mask (B, N1, R, Skv) at the query rows `rows`, or (1, N1, R, Tkv) at query
+    tokens for TND (positions outside a sequence are unspecified): the function every
+    platform evaluates."""
+    b, i, j = local_grid(table, rows, kv_len, options.varlen)
+    words = extras["drop_rows"]  # (B, N1)
     if options.varlen:
-        base = jnp.swapaxes(rows[b[0, 0, :, 0]], 0, 1)[None, :, :, None]  # (1, N1, Tq, 1)
+        base = jnp.swapaxes(words[b[0, 0, :, 0]], 0, 1)[None, :, :, None]  # (1, N1, R, 1)
     else:
-        base = rows[:, :, None, None]
+        base = words[:, :, None, None]
     u = lambda x: x.astype(jnp.uint32)
     if options.dropout == "key":
         keys = extras["drop_keys"]

@@ -1,12 +1,17 @@
 """Pure jax.numpy masked attention with the semantics of spec/attention.md.
 
-Dense (it builds the Sq x Skv scores), used wherever no kernel covers a call.
-Operands are in the kernels' canonical form: query/key/value with a head axis
-in layout BSND, SBND, BNSD or TND, the int32 sequence table of masks.py and an
-optional uint8 element mask (Bm, Nm, rows, cols).
+Dense (it builds the scores of query rows against every key), used wherever no
+kernel covers a call. The forward and backward go through the query rows in
+chunks whose float32 score grid takes at most GRID_CHUNK_BYTES, so a long call
+holds O(chunk x Skv) at a time, not O(Sq x Skv). Operands are in the kernels'
+canonical form: query/key/value with a head axis in layout BSND, SBND, BNSD or
+TND, the int32 sequence table of masks.py and an optional uint8 element mask
+(Bm, Nm, rows, cols).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,10 +45,18 @@ def _stats_from_layout(x, options):
     return jnp.swapaxes(x, 0, 1)[None] if options.varlen else x
 
 
-def _visibility(options, table, q_len, kv_len, mask):
+#: The most bytes of one float32 score grid (B x N1 x rows x Skv) the forward and backward
+#: build at a time: longer calls go through their query rows in chunks that fit.
+GRID_CHUNK_BYTES = 64 << 20
+
+
+def _visibility(options, table, rows, q_len, kv_len, mask):
+    """Visibility at the query rows `rows` (of q_len; a last chunk's rows past it see none)."""
     if options.varlen:
-        return masks.packed_visibility(table, q_len, kv_len, mask)
-    return masks.padded_visibility(table, q_len, kv_len, mask)
+        visible = masks.packed_visibility(table, rows, kv_len, mask)
+    else:
+        visible = masks.padded_visibility(table, rows, kv_len, mask)
+    return visible & (rows < q_len)[:, None]
 
 
 def score_grid(options, query, key):
@@ -56,31 +69,94 @@ def _extras(options, extras, names=None):
     return dict(zip(options.extra_names if names is None else names, extras))
 
 
-def _dot_products(options, query, key, table, extras):
-    """Unscaled float32 q.k (B, N1, Sq, Skv) and visibility broadcastable to them."""
-    q = _to_bnsd(query, options).astype(jnp.float32)
-    k = _to_bnsd(key, options).astype(jnp.float32)
-    k = jnp.repeat(k, q.shape[1] // k.shape[1], axis=1)
+def _bnsd_float32(x, options, heads=None):
+    """(B, N, S, D) float32; with `heads`, each key/value head repeated for its query heads."""
+    x = _to_bnsd(x, options).astype(jnp.float32)
+    return x if heads is None else jnp.repeat(x, heads // x.shape[1], axis=1)
+
+
+class _Rows(NamedTuple):
+    """Query rows of a score grid: the int32 indices `at` (masks.query_rows, or a chunk's)
+    of q_len, and the extras with the rows they hold."""
+    at: jax.Array
+    q_len: int
+    extras: dict
+
+
+def _all_rows(q_len, extras):
+    return _Rows(masks.query_rows(q_len), q_len, extras)
+
+
+def _dot_products(options, q, k, table, rows):
+    """Unscaled q.k (B, N1, R, Skv) of bnsd float32 q (the rows) and k (grouped), and
+    visibility broadcastable to them."""
     dots = jnp.einsum("bnqd,bnkd->bnqk", q, k)
-    return dots, _visibility(options, table, q.shape[2], k.shape[2], extras.get("mask"))
+    return dots, _visibility(options, table, rows.at, rows.q_len, k.shape[2],
+                             rows.extras.get("mask"))
 
 
-def _dense_scores(options, query, key, table, extras):
-    """float32 scores with the bias (B, N1, Sq, Skv) and visibility broadcastable to them."""
-    dots, visible = _dot_products(options, query, key, table, extras)
+def _dense_scores(options, q, k, table, rows):
+    """float32 scores with the bias (B, N1, R, Skv) and visibility broadcastable to them."""
+    dots, visible = _dot_products(options, q, k, table, rows)
     values = None
     if options.bias is not None:
-        values = bias.values(options, extras["bias"], extras.get("offsets"), table,
-                             dots.shape[2], dots.shape[3])
+        values = bias.values(options, rows.extras["bias"], rows.extras.get("offsets"), table,
+                             rows.at, dots.shape[3])
     return bias.biased_scores(options, dots, values), visible
 
 
-def _keep_scale(options, table, extras, shape):
-    """R = keep / keep_prob over the score grid, or None without dropout."""
+def _keep_scale(options, table, rows, kv_len):
+    """R = keep / keep_prob over the rows' score grid, or None without dropout."""
     if options.dropout is None:
         return None
-    keep = dropout.keep_bits(options, table, extras, shape[2], shape[3])
+    keep = dropout.keep_bits(options, table, rows.extras, rows.at, kv_len)
     return jnp.where(keep, dropout.keep_scale(options.keep_prob), np.float32(0))
+
+
+def _row_indexed(options, name, x, q_len):
+    """Whether an extra operand has a row per query row (axis 2): a padded layout's element
+    mask, and its bias tensor of Sq rows."""
+    if options.varlen:
+        return False
+    return name == "mask" or (name == "bias" and options.bias == "tensor" and x.shape[2] == q_len)
+
+
+def _in_row_chunks(compute, options, q_len, kv_len, row_operands, extras):
+    """compute(rows, row_operands) -> (per-row results, summed results) over all q_len query
+    rows: at once where a float32 (B, N1, q_len, Skv) grid fits in GRID_CHUNK_BYTES, else in
+    chunks that fit (the last one padded), the per-row results (row axis 2) joined and the
+    summed ones added in order. The row operands (and row-indexed extras) have rows on axis
+    2 and B, N1 on axes 0 and 1."""
+    batch, heads = row_operands[0].shape[:2]
+    size = max(1, GRID_CHUNK_BYTES // max(batch * heads * kv_len * 4, 1))
+    if size >= q_len:
+        return compute(_all_rows(q_len, extras), row_operands)
+    count = -(-q_len // size)
+    row_extras = {n: x for n, x in extras.items() if _row_indexed(options, n, x, q_len)}
+
+    def chunked(x):  # (.., .., q_len, ...) -> (count, .., .., size, ...)
+        x = jnp.pad(x, [(0, 0)] * 2 + [(0, count * size - q_len)] + [(0, 0)] * (x.ndim - 3))
+        return jnp.moveaxis(x.reshape(x.shape[:2] + (count, size) + x.shape[3:]), 2, 0)
+
+    def joined(x):  # (count, .., .., size, ...) -> (.., .., q_len, ...)
+        x = jnp.moveaxis(x, 0, 2)
+        return x.reshape(x.shape[:2] + (count * size,) + x.shape[4:])[:, :, :q_len]
+
+    def rows_of(start, held):
+        return _Rows(start + masks.query_rows(size), q_len, {**extras, **held})
+
+    def step(summed, chunk):
+        start, operands, held = chunk
+        per_row, part = compute(rows_of(start, held), operands)
+        return jax.tree.map(jnp.add, summed, part), per_row
+
+    chunks = (jnp.arange(count, dtype=jnp.int32) * size, jax.tree.map(chunked, row_operands),
+              jax.tree.map(chunked, row_extras))
+    parts = jax.eval_shape(lambda c: compute(rows_of(c[0], c[2]), c[1])[1],
+                           jax.tree.map(lambda x: x[0], chunks))
+    summed, per_row = jax.lax.scan(
+        step, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), parts), chunks)
+    return jax.tree.map(joined, per_row), summed
 
 
 def _finite_and_cleaned(x):
@@ -108,7 +184,9 @@ def _masked_product(equation, a, x, visible):
 
 def attention_scores(query, key, table, *extras, options: AttentionOptions):
     extras = _extras(options, extras, options.score_extra_names)
-    scores, visible = _dense_scores(options, query, key, table, extras)
+    q = _bnsd_float32(query, options)
+    k = _bnsd_float32(key, options, q.shape[1])
+    scores, visible = _dense_scores(options, q, k, table, _all_rows(q.shape[2], extras))
     scores = jnp.where(visible, scores, MASK_VALUE)
     return scores[0] if options.varlen else scores
 
@@ -122,9 +200,9 @@ def _probabilities(scores, visible, softmax_max, softmax_sum):
     return jnp.where(visible & live[..., None], p, 0.0)  # masked: exactly 0, even if sum is NaN
 
 
-def _exponentials(options, query, key, table, extras):
-    """(unnormalized exp of the visible scores, visibility, live rows, row max)."""
-    dots, visible = _dot_products(options, query, key, table, extras)
+def _exponentials(options, q, k, table, rows):
+    """(unnormalized exp of the visible scores, visibility, live rows, row max) of the rows."""
+    dots, visible = _dot_products(options, q, k, table, rows)
     visible = jnp.broadcast_to(visible, dots.shape)
     live = visible.any(axis=-1)
     if options.bias is None:
@@ -137,8 +215,8 @@ def _exponentials(options, query, key, table, extras):
         safe_max = jnp.where(live, t_max, 0.0)[..., None]
         p = jnp.where(visible, jnp.exp(abs(options.scale) * (t - safe_max)), 0.0)
         return p, visible, live, abs(options.scale) * t_max
-    values = bias.values(options, extras["bias"], extras.get("offsets"), table,
-                         dots.shape[2], dots.shape[3])
+    values = bias.values(options, rows.extras["bias"], rows.extras.get("offsets"), table,
+                         rows.at, dots.shape[3])
     s = bias.biased_scores(options, dots, values)
     s_max = jnp.max(jnp.where(visible, s, -jnp.inf), axis=-1, initial=-jnp.inf)
     safe_max = jnp.where(live, s_max, 0.0)[..., None]
@@ -159,58 +237,71 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
     """(out, softmax_max, softmax_sum) with the spec's dead-row convention; dropout scales
     the kept probabilities after normalization (statistics undropped)."""
     extras = _extras(options, extras)
-    p, visible, live, top = _exponentials(options, query, key, table, extras)
-    row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
-    # NaN where the sum is NaN: XLA's max may or may not skip a NaN score, by shape.
-    row_max = jnp.where(jnp.isnan(row_sum), jnp.nan, jnp.where(live, top, MASK_VALUE))
-    kept = _keep_scale(options, table, extras, p.shape)
-    v = _to_bnsd(value, options).astype(jnp.float32)
-    v = jnp.repeat(v, p.shape[1] // v.shape[1], axis=1)
-    weights = _product_operand(p if kept is None else p * kept, query.dtype)
-    out = _masked_product("bnqk,bnkd->bnqd", weights, v, visible) / row_sum[..., None]
-    out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
+    q = _bnsd_float32(query, options)
+    k, v = (_bnsd_float32(x, options, q.shape[1]) for x in (key, value))
+
+    def rows_forward(rows, operands):
+        p, visible, live, top = _exponentials(options, operands[0], k, table, rows)
+        row_sum = jnp.where(live, p.sum(axis=-1), DEAD_ROW_SUM)
+        # NaN where the sum is NaN: XLA's max may or may not skip a NaN score, by shape.
+        row_max = jnp.where(jnp.isnan(row_sum), jnp.nan, jnp.where(live, top, MASK_VALUE))
+        kept = _keep_scale(options, table, rows, p.shape[3])
+        weights = _product_operand(p if kept is None else p * kept, query.dtype)
+        out = _masked_product("bnqk,bnkd->bnqd", weights, v, visible) / row_sum[..., None]
+        out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
+        return (out, row_max, row_sum), ()
+
+    (out, row_max, row_sum), _ = _in_row_chunks(rows_forward, options, q.shape[2], k.shape[2],
+                                                (q,), extras)
     return (_from_bnsd(out, options), _stats_layout(row_max, options),
             _stats_layout(row_sum, options))
 
 
-def _score_gradient(options, query, key, value, out, dout, softmax_max, softmax_sum, table,
-                    extras):
-    """(P, dS, R or None, visibility) over the dense score grid (spec section 4)."""
-    scores, visible = _dense_scores(options, query, key, table, extras)
-    p = _probabilities(scores, visible, _stats_from_layout(softmax_max, options),
-                       _stats_from_layout(softmax_sum, options))
-    v = _to_bnsd(value, options).astype(jnp.float32)
-    o = _to_bnsd(out, options).astype(jnp.float32)
-    do = _to_bnsd(dout, options).astype(jnp.float32)
+def _score_gradient(options, q, k, v, o, do, softmax_max, softmax_sum, table, rows):
+    """(P, dS, R or None, visibility) over the rows' score grid (spec section 4), from bnsd
+    float32 operands (k, v grouped) and (B, N1, R) statistics."""
+    scores, visible = _dense_scores(options, q, k, table, rows)
+    p = _probabilities(scores, visible, softmax_max, softmax_sum)
     row_delta = jnp.sum(do * o, axis=-1, keepdims=True)
-    dp = jnp.einsum("bnqd,bnkd->bnqk", do, jnp.repeat(v, p.shape[1] // v.shape[1], axis=1))
-    kept = _keep_scale(options, table, extras, p.shape)
+    dp = jnp.einsum("bnqd,bnkd->bnqk", do, v)
+    kept = _keep_scale(options, table, rows, p.shape[3])
     if kept is not None:
         dp = dp * kept
     ds = jnp.where(visible, p * (dp - row_delta), 0.0)  # exactly 0 where masked, even if dp isn't
     return p, ds, kept, visible
 
 
+def _row_operands(options, query, out, dout, softmax_max, softmax_sum):
+    """The backward's operands with a row per query row, bnsd float32 and (B, N1, Sq)."""
+    return (tuple(_bnsd_float32(x, options) for x in (query, out, dout))
+            + (_stats_from_layout(softmax_max, options), _stats_from_layout(softmax_sum, options)))
+
+
 def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, table, *extras,
                        options: AttentionOptions):
     """(dquery, dkey, dvalue) from the saved statistics (P and the keep mask recomputed)."""
     extras = _extras(options, extras)
-    p, ds, kept, visible = _score_gradient(options, query, key, value, out, dout, softmax_max,
-                                           softmax_sum, table, extras)
-    q = _to_bnsd(query, options).astype(jnp.float32)
-    k = _to_bnsd(key, options).astype(jnp.float32)
-    do = _to_bnsd(dout, options).astype(jnp.float32)
-    group = q.shape[1] // k.shape[1]
-    ds = _product_operand(ds, query.dtype)
-    dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, jnp.repeat(k, group, axis=1),
-                                         visible)
+    operands = _row_operands(options, query, out, dout, softmax_max, softmax_sum)
+    heads = operands[0].shape[1]
+    k, v = (_bnsd_float32(x, options, heads) for x in (key, value))
+    kv_heads = key.shape[options.layout_info.roles.head]
 
     def per_kv_head(x):  # (B, N1, ...) -> (B, N2, ...): sum over each group
-        return x.reshape((x.shape[0], k.shape[1], group) + x.shape[2:]).sum(axis=2)
+        return x.reshape((x.shape[0], kv_heads, heads // kv_heads) + x.shape[2:]).sum(axis=2)
 
-    dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
-    weights = _product_operand(p if kept is None else p * kept, query.dtype)
-    dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", weights, do, visible))
+    def rows_backward(rows, operands):
+        q, o, do = operands[:3]
+        p, ds, kept, visible = _score_gradient(options, q, k, v, o, do, *operands[3:], table,
+                                               rows)
+        ds = _product_operand(ds, query.dtype)
+        dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, k, visible)
+        dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
+        weights = _product_operand(p if kept is None else p * kept, query.dtype)
+        dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", weights, do, visible))
+        return dq, (dk, dv)
+
+    dq, (dk, dv) = _in_row_chunks(rows_backward, options, operands[0].shape[2], k.shape[2],
+                                  operands, extras)
     return tuple(_from_bnsd(g.astype(x.dtype), options)
                  for g, x in ((dq, query), (dk, key), (dv, value)))
 
@@ -219,6 +310,9 @@ def bias_value_gradient(query, key, value, out, dout, softmax_max, softmax_sum, 
                         options: AttentionOptions):
     """d(bias values) over the dense score grid (B, N1, Sq, Skv), TND (1, N1, Tq, Tkv):
     scale * dS for pse_type 1, dS otherwise (spec section 4)."""
-    _, ds, _, _ = _score_gradient(options, query, key, value, out, dout, softmax_max,
-                                  softmax_sum, table, _extras(options, extras))
+    operands = _row_operands(options, query, out, dout, softmax_max, softmax_sum)
+    heads, q_len = operands[0].shape[1:3]
+    k, v = (_bnsd_float32(x, options, heads) for x in (key, value))
+    rows = _all_rows(q_len, _extras(options, extras))
+    _, ds, _, _ = _score_gradient(options, operands[0], k, v, *operands[1:], table, rows)
     return ds * np.float32(options.scale) if options.pse_type == 1 else ds

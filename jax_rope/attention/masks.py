@@ -65,9 +65,16 @@ def visible_columns(table, rows):
     return lo, hi
 
 
-def padded_visibility(table, q_len: int, kv_len: int, mask=None):
-    """Visible positions (True = visible) of the padded layouts: (B, Nm, Sq, Skv)."""
-    lo, hi = visible_columns(table, jnp.arange(q_len))
+def query_rows(q_len: int):
+    """The indices of every query row (TND: token) of a score grid, as the grid functions
+    take them (the fallback passes a chunk's rows instead)."""
+    return jnp.arange(q_len, dtype=jnp.int32)
+
+
+def padded_visibility(table, rows, kv_len: int, mask=None):
+    """Visible positions (True = visible) of the padded layouts at the query rows `rows`:
+    (B, Nm, R, Skv); `mask` holds those rows."""
+    lo, hi = visible_columns(table, rows)
     j = jnp.arange(kv_len)
     visible = (j >= lo[..., None]) & (j <= hi[..., None])
     visible = visible[:, None]
@@ -76,11 +83,11 @@ def padded_visibility(table, q_len: int, kv_len: int, mask=None):
     return visible
 
 
-def packed_visibility(table, q_tokens: int, kv_tokens: int, mask=None):
-    """Visible positions over packed TND tokens: (1, Nm, Tq, Tkv); different
-    sequences (and tokens beyond the last length) never see each other."""
-    q_seq, q_row = _token_owner(table[:, Q_START], table[:, Q_LEN], q_tokens)
-    kv_seq, kv_col = _token_owner(table[:, KV_START], table[:, KV_LEN], kv_tokens)
+def packed_visibility(table, rows, kv_tokens: int, mask=None):
+    """Visible positions over packed TND tokens at the query tokens `rows`: (1, Nm, R, Tkv);
+    different sequences (and tokens beyond the last length) never see each other."""
+    q_seq, q_row = _token_owner(table[:, Q_START], table[:, Q_LEN], rows)
+    kv_seq, kv_col = _token_owner(table[:, KV_START], table[:, KV_LEN], query_rows(kv_tokens))
     row_table = table[jnp.clip(q_seq, 0, table.shape[0] - 1)]
     lo = jnp.maximum(0, q_row + row_table[:, LO])
     hi = jnp.minimum(row_table[:, KV_LEN] - 1,
@@ -95,9 +102,9 @@ def packed_visibility(table, q_tokens: int, kv_tokens: int, mask=None):
     return visible
 
 
-def _token_owner(starts, lengths, tokens: int):
-    """Sequence index (-1: none) and position within it of each packed token."""
-    t = jnp.arange(tokens)[:, None]
+def _token_owner(starts, lengths, tokens):
+    """Sequence index (-1: none) and position within it of each packed token in `tokens`."""
+    t = tokens[:, None]
     inside = (t >= starts[None, :]) & (t < (starts + lengths)[None, :])
     owner = jnp.where(inside.any(axis=1), jnp.argmax(inside, axis=1), -1)
     position = t[:, 0] - starts[jnp.clip(owner, 0, starts.shape[0] - 1)]
@@ -154,6 +161,6 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_token
     table = sequence_table(options, sizes.batch, q_len, kv_len, prefix=prefix,
                            actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen)
     if varlen:
-        return ~packed_visibility(table, q_len, kv_len, mask)[0, 0]
-    visible = padded_visibility(table, q_len, kv_len, mask)
+        return ~packed_visibility(table, query_rows(q_len), kv_len, mask)[0, 0]
+    visible = padded_visibility(table, query_rows(q_len), kv_len, mask)
     return ~(visible[:, 0] if visible.shape[1] == 1 else visible)

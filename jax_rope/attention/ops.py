@@ -113,7 +113,8 @@ def bias_gradient(options, query, key, value, out, dout, softmax_max, softmax_su
     q_len, kv_len = fallback.score_grid(options, query, key)
 
     def paired(b):  # <bias values, d_values>: its gradient is the adjoint of the expansion
-        values = bias.values(options, b, named.get("offsets"), table, q_len, kv_len)
+        values = bias.values(options, b, named.get("offsets"), table, masks.query_rows(q_len),
+                             kv_len)
         return jnp.sum(jnp.broadcast_to(values, d_values.shape) * d_values)
 
     return jax.grad(paired)(named["bias"])
@@ -130,10 +131,10 @@ def keep_mask(call: AttentionCall, packed: bool):
         keep = jnp.ones((rows, heads, q_len, kv_len), bool)
     else:
         keep = dropout.keep_bits(options, call.table, dict(zip(options.extra_names, call.extras)),
-                                 q_len, kv_len)
+                                 masks.query_rows(q_len), kv_len)
     if not options.varlen:
         return dropout.pack_bits(keep) if packed else keep
-    keep = (keep & masks.packed_visibility(call.table, q_len, kv_len))[0]
+    keep = (keep & masks.packed_visibility(call.table, masks.query_rows(q_len), kv_len))[0]
     if not packed:
         return keep
     if options.static_lengths is None:

@@ -1,0 +1,161 @@
+"""The jnp fallback in query-row chunks (jax_rope/attention/fallback.py, GRID_CHUNK_BYTES):
+long calls go through their query rows a chunk at a time, the last chunk padded. Here the
+chunk is cut down to a few rows so that small cases take that path, against the float64
+oracle: every sparse mode in a padded layout and in TND, the other layouts, GQA, each bias
+form (a full bias tensor is sliced with the rows), dropout by key and by a caller's mask
+(the keep bits hash the global row), masked NaN without influence; and the compiled
+fallback's memory at a long sequence, with the real chunk size."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention_oracle as ao
+import bias_dropout_oracle as bo
+import jax_rope as jr
+from jax_rope.attention import fallback
+from test_attention_bias import check_case, compare, lib_run, padded_case, ref_run, tnd_case
+from test_attention_dropout import drop_case, words
+from test_flash_attention import run_case
+from test_flash_attention_grad import check_grads_vs_refs
+from test_masked_positions import check_no_influence, normal
+
+
+def rng_for(*parts):
+    import zlib
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+@pytest.fixture
+def chunk_rows(monkeypatch):
+    """chunk_rows(rows, args, kw): the fallback's chunks hold `rows` query rows of the case
+    (its score grid is B x N1 x rows x Skv); jitted programs of other chunk sizes are
+    dropped before and after."""
+    def set_rows(rows, args, kw):
+        batch, heads, _, kv_len = bo.Geometry(*args[:2], **kw).grid
+        monkeypatch.setattr(fallback, "GRID_CHUNK_BYTES", rows * batch * heads * kv_len * 4)
+        jax.clear_caches()
+
+    with jr.backend("fallback"):
+        yield set_rows
+    jax.clear_caches()
+
+
+def check_forward_and_grads(args, kw, rng):
+    run_case(args, kw, jit=True)
+    check_grads_vs_refs(args, kw, rng, dense=False)
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4, 5, 6])
+def test_padded_modes(chunk_rows, mode):
+    """B2 Sq7 Skv5 GQA 4 on 2 in chunks of 3 rows (the last padded by 2)."""
+    rng = rng_for("chunks-padded", mode)
+    args, kw = ao.make_case(rng, "BSND", B=2, Sq=7, Skv=5, N1=4, N2=2, D=8,
+                            **ao.mode_kwargs(mode, rng, 2, 7, 5, 4))
+    chunk_rows(3, args, kw)
+    check_forward_and_grads(args, kw, rng)
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4, 6, 7, 8])
+def test_tnd_modes(chunk_rows, mode):
+    """Packed tokens with an empty sequence, in chunks of 3 tokens that cut across sequences."""
+    rng = rng_for("chunks-tnd", mode)
+    lq, lkv = [2, 0, 3, 3], [3, 0, 4, 4]
+    args, kw = ao.make_case(rng, "TND", N1=2, N2=1, D=8, seq_q=lq, seq_kv=lkv,
+                            **ao.varlen_kwargs(mode, rng, lq, lkv))
+    chunk_rows(3, args, kw)
+    check_forward_and_grads(args, kw, rng)
+
+
+@pytest.mark.parametrize("layout,rows", [("BNSD", 1), ("SBH", 4), ("BSH", 5)])
+def test_other_layouts(chunk_rows, layout, rows):
+    rng = rng_for("chunks-layout", layout, rows)
+    args, kw = ao.make_case(rng, layout, B=2, Sq=6, Skv=9, N1=4, N2=2, D=8, Dv=4,
+                            sparse_mode=4, pre_tokens=2, next_tokens=1)
+    chunk_rows(rows, args, kw)
+    check_forward_and_grads(args, kw, rng)
+
+
+@pytest.mark.parametrize("layout,pse_type,form,batch_one,mode", [
+    ("BSND", 1, "full", False, 3),  # a bias of Sq rows: sliced with each chunk
+    ("BNSD", 0, "row", True, 0),
+    ("SBH", 2, "slopes", False, 4),
+    ("BSH", 3, "slopes", True, 6),
+])
+def test_padded_bias(chunk_rows, layout, pse_type, form, batch_one, mode):
+    """Forward, scores, dq/dk/dv/dpse (Sq=5 in chunks of 2)."""
+    rng = rng_for("chunks-bias", layout, pse_type, form, mode)
+    args, kw, pse = padded_case(rng, layout, pse_type, form, batch_one, mode, offsets=(2, 0))
+    chunk_rows(2, args, kw)
+    check_case(args, kw, pse, rng)
+
+
+@pytest.mark.parametrize("pse_type,form,batch_one,mode", [
+    (1, "packed_full", False, 8), (0, "compressed", True, 3), (2, "slopes", True, 3),
+    (0, "packed_row", False, 4)])
+def test_tnd_bias(chunk_rows, pse_type, form, batch_one, mode):
+    rng = rng_for("chunks-tnd-bias", pse_type, form, mode)
+    args, kw, pse = tnd_case(rng, pse_type, form, batch_one, mode, offsets=(0, 3))
+    chunk_rows(2, args, kw)
+    check_case(args, kw, pse, rng)
+
+
+@pytest.mark.parametrize("name,by", [("bnsd-3-full", "key"), ("tnd-8-sqrt", "mask"),
+                                     ("tnd-2-packed", "key"), ("sbh-4-alibi", "mask")])
+def test_dropout(chunk_rows, name, by):
+    """The keep bits of each chunk's rows: by the key's hash of the global row, or read from a
+    caller's packed mask (random bits here) at the row's bit offset."""
+    rng = rng_for("chunks-drop", name, by)
+    args, kw, pse = drop_case(name, rng)
+    geom = bo.Geometry(*args[:2], **kw)
+    if by == "key":
+        given = {"dropout_key": jax.random.key(int(rng.integers(0, 2 ** 31)))}
+        keep = bo.keep_grid(words(given["dropout_key"]), kw["keep_prob"], geom)
+    else:
+        numel = geom.n1 * sum(s[4] * s[5] for s in geom.segments)
+        bits = rng.random(numel) < kw["keep_prob"]
+        given = {"dropout_mask": bo.pack_bits(bits)}
+        keep = bo.keep_grid_from_bits(bits, geom)
+    dout = rng.standard_normal(ref_run(args, kw, pse=pse)["out"].shape).astype(np.float32)
+    ref = ref_run(args, kw, pse=pse, dout=dout, keep=keep)
+    chunk_rows(2, args, kw)
+    got = lib_run(args, kw, pse=pse, dout=dout, scores=False, **given)
+    compare(got, ref, args, kw, pse=pse, what=f"{name} by {by}")
+
+
+@pytest.mark.parametrize("layout", ["BSND", "TND"])
+def test_masked_nan_has_no_influence(chunk_rows, layout):
+    """NaN and Inf in key/value rows that masked positions hold change no output or gradient
+    element of a query row that does not see them (chunks of 7 rows)."""
+    if layout == "BSND":
+        mode, kw = 4, dict(pre_tokens=20, next_tokens=3)
+        q, k, v = normal((1, 40, 2, 16), 0), normal((1, 40, 1, 16), 1), normal((1, 40, 1, 16), 2)
+        visible = ~np.asarray(jr.sparse_mask(mode, 40, 40, **kw))[0]
+        rows, axis = [10, 30], 1
+    else:
+        mode, kw = 8, dict(pre_tokens=20, next_tokens=2, actual_seq_qlen=[12, 40],
+                           actual_seq_kvlen=[14, 44])
+        q, k, v = normal((40, 2, 16), 0), normal((44, 1, 16), 1), normal((44, 1, 16), 2)
+        visible = ~np.asarray(jr.sparse_mask(mode, 40, 44, **kw))
+        kw["input_layout"] = "TND"
+        rows, axis = [20], 0
+    kw["sparse_mode"] = mode
+    call = lambda q, k, v: jr.flash_attention_score(q, k, v, **kw)[0]
+    chunk_rows(7, (np.asarray(q), np.asarray(k)), kw)
+    blind = check_no_influence("fallback", call, q, k, v, visible, axis, rows,
+                               [("value", np.nan), ("key", np.nan), ("value", np.inf)])
+    assert blind.any() and (~blind).any()
+
+
+def test_long_call_memory_is_bounded():
+    """A causal B1 S4096 N8 D64 forward and gradient on the fallback: dense, one score grid
+    alone would take 512 MiB (and the program holds several); in chunks the compiled
+    program's temporaries stay within a few chunks."""
+    q = jax.ShapeDtypeStruct((1, 4096, 8, 64), jnp.float32)
+    attend = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=2)[0]
+    loss = lambda q, k, v: jnp.sum(attend(q, k, v))
+    with jr.backend("fallback"):
+        for f in (attend, jax.grad(loss, (0, 1, 2))):
+            temp = jax.jit(f).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+            assert temp < 6 * fallback.GRID_CHUNK_BYTES <= 512 << 20, temp
