@@ -257,16 +257,15 @@ def test_attention_tnd_statistics_are_sliced_to_spec_shapes():
     assert [t for t, _, _ in custom_calls(text)] == ["jax_rope_npu_attention_fwd"]
 
 
-@pytest.mark.parametrize("tokens, chosen_at_run_time", [(64, True), (4096, False)])
-def test_attention_traced_lengths_choice_is_bounded_by_the_fallback_memory(
-        tokens, chosen_at_run_time):
+@pytest.mark.parametrize("tokens, in_chunks", [(64, False), (4096, True)])
+def test_attention_traced_lengths_choice_holds_the_fallback_in_chunks(tokens, in_chunks):
     # Traced TND lengths in sparse_mode 3 may hold a sequence with Sq > Skv, which the VarLen
     # operator refuses: the lowering compiles the fallback in behind a conditional on the
-    # table, but only while the fallback's dense scores (N1 x Tq x Tkv float32) fit in
-    # RUN_TIME_FALLBACK_BYTES (XLA reserves an untaken branch's temporaries too; 64 tokens:
-    # 64 KiB, 4096: 256 MiB); beyond that the call is the operator's alone.
-    from jax_rope.attention.npu_lowering import RUN_TIME_FALLBACK_BYTES
-    assert 4 * 4 * 64 * 64 <= RUN_TIME_FALLBACK_BYTES < 4 * 4 * 4096 * 4096
+    # table, at every size. XLA reserves an untaken branch's temporaries too, so the fallback
+    # goes through the query tokens in chunks of GRID_CHUNK_BYTES of scores (N1 x rows x Tkv
+    # float32; 64 tokens: 64 KiB at once, 4096: 256 MiB in a loop of chunks).
+    from jax_rope.attention.fallback import GRID_CHUNK_BYTES
+    assert 4 * 4 * 64 * 64 <= GRID_CHUNK_BYTES < 4 * 4 * 4096 * 4096
     q = jax.ShapeDtypeStruct((tokens, 4, 64), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((tokens, 2, 64), jnp.bfloat16)
     lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
@@ -275,7 +274,11 @@ def test_attention_traced_lengths_choice_is_bounded_by_the_fallback_memory(
     with jr.runtime_checks(False):
         text = export_text(fn, q, k, lengths, lengths)
     assert [t for t, _, _ in custom_calls(text)] == ["jax_rope_npu_attention_fwd"]
-    assert ("stablehlo.case" in text) == chosen_at_run_time
+    assert "stablehlo.case" in text
+    rows = min(tokens, GRID_CHUNK_BYTES // (4 * tokens * 4))  # per chunk
+    assert (rows < tokens) == in_chunks
+    assert f"tensor<1x4x{rows}x{tokens}xf32>" in text  # the fallback's scores
+    assert (f"tensor<1x4x{tokens}x{tokens}xf32>" in text) == (not in_chunks)
 
 
 def test_attention_outside_profile_falls_back():

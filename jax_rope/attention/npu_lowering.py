@@ -155,27 +155,19 @@ def _valid_table(table, q_rows, kv_rows):
             & chained(table[:, KV_START], table[:, KV_LEN], kv_rows))
 
 
-#: The largest dense score grid of the fallback (N1 x Tq x Tkv float32, in bytes) that
-#: the run-time choice below compiles in: XLA reserves memory for the temporaries of a
-#: conditional's untaken branch too, and the fallback holds several such grids.
-RUN_TIME_FALLBACK_BYTES = 64 << 20
-
-
 def _fallback_at_run_time(kernel, fallback_call, options, table_at):
     """`kernel`, or for traced TND lengths that the operator may not cover
     (coverage.attention_lengths_gap) a choice made when the call runs: the
     fallback for valid lengths it does not cover. Invalid ones stay the
     operator's, whose handler refuses them (the fallback here cannot); so do
-    all with "ffi", and calls whose fallback exceeds RUN_TIME_FALLBACK_BYTES:
-    there the handler or CANN refuse the lengths not covered."""
+    all with "ffi". (XLA reserves memory for an untaken branch's temporaries
+    too: the fallback's go by fallback.GRID_CHUNK_BYTES of scores at a time.)"""
     uncovered = coverage.attention_lengths_gap(npu.current_cann()[0], options)
     if uncovered is None or options.backend == "ffi":
         return kernel
 
     def call(*args):
         q, k, table = args[0], args[1], args[table_at]
-        if q.shape[0] * q.shape[1] * k.shape[0] * 4 > RUN_TIME_FALLBACK_BYTES:
-            return kernel(*args)
         use_fallback = (_valid_table(table, q.shape[0], k.shape[0])
                         & uncovered(table[:, Q_LEN], table[:, KV_LEN]))
         return jax.lax.cond(use_fallback, lambda *a: tuple(fallback_call(*a, options=options)),

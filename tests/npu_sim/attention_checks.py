@@ -5,6 +5,7 @@ compared with the float64 NumPy oracle of attention.md. The NPU kernel is
 expected on Atlas A2/A3 only (the operator's product table); elsewhere the
 same calls must take the fallback and give the same numbers."""
 
+import contextlib
 import ctypes
 import re
 import sys
@@ -16,6 +17,7 @@ import numpy as np
 import attention_oracle as ref
 import jax_rope as jr
 from jax_rope import npu
+from jax_rope.attention import fallback
 from sim_libraries import CHIP, CORE, GEN, OPS
 
 KERNEL = CHIP in ("A2", "A3")
@@ -90,6 +92,21 @@ def traced_cases(q, k, lengths, tol=2e-5, **kw):
         for g, w in zip(got, (dq, dk + dv)):
             np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=tol, atol=tol)
     return fwd
+
+
+@contextlib.contextmanager
+def fallback_chunks(score_bytes):
+    """The fallback goes through its query rows in chunks of `score_bytes` of scores (as
+    long calls do at fallback.GRID_CHUNK_BYTES); programs traced before or inside are
+    dropped."""
+    kept = fallback.GRID_CHUNK_BYTES
+    fallback.GRID_CHUNK_BYTES = score_bytes
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        fallback.GRID_CHUNK_BYTES = kept
+        jax.clear_caches()
 
 
 def reads_the_sequence_table(call) -> bool:
@@ -386,6 +403,11 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
         return
     assert reads_the_sequence_table(lambda: f([2, 7], [3, 8]))
     assert not reads_the_sequence_table(lambda: f([2, 7], [3, 5]))
+    # Long calls hold the fallback's scores a chunk of query tokens at a time, also in the
+    # branch chosen when the call runs: here chunks of 3 of the 7 tokens (N1 2, Tkv 8).
+    with fallback_chunks(3 * 2 * 8 * 4):
+        g = traced_cases(q, k, [([2, 7], [3, 5])], sparse_mode=3)
+        assert not reads_the_sequence_table(lambda: g([2, 7], [3, 5]))
     with jr.backend("ffi"):
         try:
             jr.flash_attention_score(q, k, k, **kw)
