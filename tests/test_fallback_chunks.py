@@ -149,13 +149,17 @@ def test_masked_nan_has_no_influence(chunk_rows, layout):
 
 
 def test_long_call_memory_is_bounded():
-    """A causal B1 S4096 N8 D64 forward and gradient on the fallback: dense, one score grid
-    alone would take 512 MiB (and the program holds several); in chunks the compiled
-    program's temporaries stay within a few chunks."""
+    """A causal B1 S4096 N8 D64 forward, its gradient, and the gradient of ALiBi slopes (dpse,
+    computed from the saved statistics on every platform) on the fallback: dense, one score
+    grid alone would take 512 MiB (and the programs hold several); in chunks the compiled
+    programs' temporaries stay within a few chunks."""
     q = jax.ShapeDtypeStruct((1, 4096, 8, 64), jnp.float32)
-    attend = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=2)[0]
-    loss = lambda q, k, v: jnp.sum(attend(q, k, v))
+    slopes = jax.ShapeDtypeStruct((8,), jnp.float32)
+    attend = lambda q, k, v, s: jr.flash_attention_score(q, k, v, sparse_mode=2, pse=s,
+                                                         pse_type=2)[0]
+    loss = lambda q, k, v, s: jnp.sum(attend(q, k, v, s))
     with jr.backend("fallback"):
-        for f in (attend, jax.grad(loss, (0, 1, 2))):
-            temp = jax.jit(f).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+        for f in (attend, jax.grad(loss, (0, 1, 2)), jax.grad(loss, 3)):
+            compiled = jax.jit(f).lower(q, q, q, slopes).compile()
+            temp = compiled.memory_analysis().temp_size_in_bytes
             assert temp < 6 * fallback.GRID_CHUNK_BYTES <= 512 << 20, temp

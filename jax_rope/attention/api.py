@@ -93,7 +93,7 @@ def _flash(options, query, key, value, table, extras):
 
 def _flash_fwd(options, query, key, value, table, extras):
     args = (query.value, key.value, value.value, table.value)
-    # dpse only when the bias is differentiated (its dense computation is not free);
+    # dpse only when the bias is differentiated (it computes every score again);
     # an empty tuple or (None,) carries the flag in the residuals' structure.
     wants_dpse = tuple(None for name, x in zip(options.extra_names, extras)
                        if name == "bias" and x.perturbed)

@@ -306,13 +306,29 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
                  for g, x in ((dq, query), (dk, key), (dv, value)))
 
 
-def bias_value_gradient(query, key, value, out, dout, softmax_max, softmax_sum, table, *extras,
-                        options: AttentionOptions):
-    """d(bias values) over the dense score grid (B, N1, Sq, Skv), TND (1, N1, Tq, Tkv):
-    scale * dS for pse_type 1, dS otherwise (spec section 4)."""
+def bias_gradient(query, key, value, out, dout, softmax_max, softmax_sum, table, *extras,
+                  options: AttentionOptions):
+    """The gradient of the bias operand (its shape and dtype): the adjoint of bias.values at
+    d(bias values) = scale * dS for pse_type 1, dS otherwise (spec section 4), from the saved
+    statistics, a chunk of query rows at a time like the backward."""
+    extras = _extras(options, extras)
     operands = _row_operands(options, query, out, dout, softmax_max, softmax_sum)
-    heads, q_len = operands[0].shape[1:3]
-    k, v = (_bnsd_float32(x, options, heads) for x in (key, value))
-    rows = _all_rows(q_len, _extras(options, extras))
-    _, ds, _, _ = _score_gradient(options, operands[0], k, v, *operands[1:], table, rows)
-    return ds * np.float32(options.scale) if options.pse_type == 1 else ds
+    q_len = operands[0].shape[2]
+    k, v = (_bnsd_float32(x, options, operands[0].shape[1]) for x in (key, value))
+    by_rows = _row_indexed(options, "bias", extras["bias"], q_len)
+
+    def rows_gradient(rows, operands):
+        _, ds, _, _ = _score_gradient(options, operands[0], k, v, *operands[1:], table, rows)
+        d_values = ds * np.float32(options.scale) if options.pse_type == 1 else ds
+
+        def paired(b):  # <bias values, d_values>: its gradient is the expansion's adjoint
+            values = bias.values(options, b, rows.extras.get("offsets"), table, rows.at,
+                                 ds.shape[3])
+            return jnp.sum(jnp.broadcast_to(values, ds.shape) * d_values)
+
+        d_bias = jax.grad(paired)(rows.extras["bias"].astype(jnp.float32))
+        return ((d_bias,), ()) if by_rows else ((), (d_bias,))
+
+    per_row, summed = _in_row_chunks(rows_gradient, options, q_len, k.shape[2], operands,
+                                     extras)
+    return (per_row + summed)[0].astype(extras["bias"].dtype)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 
 from jax_rope.attention import bias, dropout, fallback, masks
@@ -106,18 +105,10 @@ def backward(options, query, key, value, out, dout, softmax_max, softmax_sum, ta
 def bias_gradient(options, query, key, value, out, dout, softmax_max, softmax_sum, table,
                   extras=()):
     """The gradient of the bias operand (same shape and dtype), on every platform from the
-    saved statistics (the NPU kernels never write dpse: spec section 4)."""
-    named = dict(zip(options.extra_names, extras))
-    d_values = fallback.bias_value_gradient(query, key, value, out, dout, softmax_max,
-                                            softmax_sum, table, *extras, options=options)
-    q_len, kv_len = fallback.score_grid(options, query, key)
-
-    def paired(b):  # <bias values, d_values>: its gradient is the adjoint of the expansion
-        values = bias.values(options, b, named.get("offsets"), table, masks.query_rows(q_len),
-                             kv_len)
-        return jnp.sum(jnp.broadcast_to(values, d_values.shape) * d_values)
-
-    return jax.grad(paired)(named["bias"])
+    saved statistics by the fallback's code (the NPU kernels never write dpse: spec
+    section 4)."""
+    return fallback.bias_gradient(query, key, value, out, dout, softmax_max, softmax_sum,
+                                  table, *extras, options=options)
 
 
 def keep_mask(call: AttentionCall, packed: bool):
