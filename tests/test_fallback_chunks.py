@@ -4,7 +4,7 @@ chunk is cut down to a few rows so that small cases take that path, against the 
 oracle: every sparse mode in a padded layout and in TND, the other layouts, GQA, each bias
 form (a full bias tensor is sliced with the rows), dropout by key and by a caller's mask
 (the keep bits hash the global row), masked NaN without influence; and the compiled
-fallback's memory at a long sequence, with the real chunk size."""
+fallback's memory at a long sequence, with the real chunk size, and under GQA."""
 
 import jax
 import jax.numpy as jnp
@@ -163,3 +163,18 @@ def test_long_call_memory_is_bounded():
             compiled = jax.jit(f).lower(q, q, q, slopes).compile()
             temp = compiled.memory_analysis().temp_size_in_bytes
             assert temp < 6 * fallback.GRID_CHUNK_BYTES <= 512 << 20, temp
+
+
+def test_grouped_query_heads_share_their_key_and_value():
+    """GQA decode, B2 Sq1 Skv8192 N32 on 4 key/value heads, on the fallback: the forward and
+    gradient programs hold less than one copy of the key repeated for every query head
+    (256 MiB in float32), which reading key and value per group never makes."""
+    q = jax.ShapeDtypeStruct((2, 1, 32, 128), jnp.float32)
+    k = jax.ShapeDtypeStruct((2, 8192, 4, 128), jnp.float32)
+    repeated = 2 * 8192 * 32 * 128 * 4
+    attend = lambda q, k, v: jr.flash_attention_score(q, k, v, sparse_mode=3)[0]
+    loss = lambda q, k, v: jnp.sum(attend(q, k, v))
+    with jr.backend("fallback"):
+        for f in (attend, jax.grad(loss, (0, 1, 2))):
+            compiled = jax.jit(f).lower(q, k, k).compile()
+            assert compiled.memory_analysis().temp_size_in_bytes < repeated

@@ -3,14 +3,16 @@
 Dense (it builds the scores of query rows against every key), used wherever no
 kernel covers a call. The forward and backward go through the query rows in
 chunks whose float32 score grid takes at most GRID_CHUNK_BYTES, so a long call
-holds O(chunk x Skv) at a time, not O(Sq x Skv). Operands are in the kernels'
-canonical form: query/key/value with a head axis in layout BSND, SBND, BNSD or
-TND, the int32 sequence table of masks.py and an optional uint8 element mask
-(Bm, Nm, rows, cols).
+holds O(chunk x Skv) at a time, not O(Sq x Skv); grouped query heads (GQA) read
+their key/value head's rows, never a copy per query head. Operands are in the
+kernels' canonical form: query/key/value with a head axis in layout BSND, SBND,
+BNSD or TND, the int32 sequence table of masks.py and an optional uint8 element
+mask (Bm, Nm, rows, cols).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -69,10 +71,23 @@ def _extras(options, extras, names=None):
     return dict(zip(options.extra_names if names is None else names, extras))
 
 
-def _bnsd_float32(x, options, heads=None):
-    """(B, N, S, D) float32; with `heads`, each key/value head repeated for its query heads."""
-    x = _to_bnsd(x, options).astype(jnp.float32)
-    return x if heads is None else jnp.repeat(x, heads // x.shape[1], axis=1)
+def _bnsd_float32(x, options):
+    """(B, N, S, D) float32."""
+    return _to_bnsd(x, options).astype(jnp.float32)
+
+
+def _groups(x, kv_heads):
+    """(B, N1, ...) -> (B, N2, G, ...): the query heads of each key/value head (GQA), so
+    that key and value are read per group instead of repeated for every query head. A head
+    axis of 1 (broadcast over the heads) stays broadcast: (B, 1, 1, ...)."""
+    if x.shape[1] == 1:
+        return x[:, :, None]
+    return x.reshape((x.shape[0], kv_heads, x.shape[1] // kv_heads) + x.shape[2:])
+
+
+def _heads(x):
+    """(B, N2, G, ...) -> (B, N1, ...)."""
+    return x.reshape((x.shape[0], x.shape[1] * x.shape[2]) + x.shape[3:])
 
 
 class _Rows(NamedTuple):
@@ -88,9 +103,9 @@ def _all_rows(q_len, extras):
 
 
 def _dot_products(options, q, k, table, rows):
-    """Unscaled q.k (B, N1, R, Skv) of bnsd float32 q (the rows) and k (grouped), and
-    visibility broadcastable to them."""
-    dots = jnp.einsum("bnqd,bnkd->bnqk", q, k)
+    """Unscaled q.k (B, N1, R, Skv) of bnsd float32 q (the rows) and k, and visibility
+    broadcastable to them."""
+    dots = _heads(jnp.einsum("bhgqd,bhkd->bhgqk", _groups(q, k.shape[1]), k))
     return dots, _visibility(options, table, rows.at, rows.q_len, k.shape[2],
                              rows.extras.get("mask"))
 
@@ -184,8 +199,7 @@ def _masked_product(equation, a, x, visible):
 
 def attention_scores(query, key, table, *extras, options: AttentionOptions):
     extras = _extras(options, extras, options.score_extra_names)
-    q = _bnsd_float32(query, options)
-    k = _bnsd_float32(key, options, q.shape[1])
+    q, k = _bnsd_float32(query, options), _bnsd_float32(key, options)
     scores, visible = _dense_scores(options, q, k, table, _all_rows(q.shape[2], extras))
     scores = jnp.where(visible, scores, MASK_VALUE)
     return scores[0] if options.varlen else scores
@@ -237,8 +251,7 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
     """(out, softmax_max, softmax_sum) with the spec's dead-row convention; dropout scales
     the kept probabilities after normalization (statistics undropped)."""
     extras = _extras(options, extras)
-    q = _bnsd_float32(query, options)
-    k, v = (_bnsd_float32(x, options, q.shape[1]) for x in (key, value))
+    q, k, v = (_bnsd_float32(x, options) for x in (query, key, value))
 
     def rows_forward(rows, operands):
         p, visible, live, top = _exponentials(options, operands[0], k, table, rows)
@@ -247,7 +260,8 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
         row_max = jnp.where(jnp.isnan(row_sum), jnp.nan, jnp.where(live, top, MASK_VALUE))
         kept = _keep_scale(options, table, rows, p.shape[3])
         weights = _product_operand(p if kept is None else p * kept, query.dtype)
-        out = _masked_product("bnqk,bnkd->bnqd", weights, v, visible) / row_sum[..., None]
+        out = _heads(_masked_product("bhgqk,bhkd->bhgqd", _groups(weights, v.shape[1]), v,
+                                     _groups(visible, v.shape[1]))) / row_sum[..., None]
         out = jnp.where(live[..., None], out, 0.0).astype(query.dtype)
         return (out, row_max, row_sum), ()
 
@@ -259,11 +273,11 @@ def attention_forward(query, key, value, table, *extras, options: AttentionOptio
 
 def _score_gradient(options, q, k, v, o, do, softmax_max, softmax_sum, table, rows):
     """(P, dS, R or None, visibility) over the rows' score grid (spec section 4), from bnsd
-    float32 operands (k, v grouped) and (B, N1, R) statistics."""
+    float32 operands and (B, N1, R) statistics."""
     scores, visible = _dense_scores(options, q, k, table, rows)
     p = _probabilities(scores, visible, softmax_max, softmax_sum)
     row_delta = jnp.sum(do * o, axis=-1, keepdims=True)
-    dp = jnp.einsum("bnqd,bnkd->bnqk", do, v)
+    dp = _heads(jnp.einsum("bhgqd,bhkd->bhgqk", _groups(do, v.shape[1]), v))
     kept = _keep_scale(options, table, rows, p.shape[3])
     if kept is not None:
         dp = dp * kept
@@ -282,22 +296,20 @@ def attention_backward(query, key, value, out, dout, softmax_max, softmax_sum, t
     """(dquery, dkey, dvalue) from the saved statistics (P and the keep mask recomputed)."""
     extras = _extras(options, extras)
     operands = _row_operands(options, query, out, dout, softmax_max, softmax_sum)
-    heads = operands[0].shape[1]
-    k, v = (_bnsd_float32(x, options, heads) for x in (key, value))
-    kv_heads = key.shape[options.layout_info.roles.head]
-
-    def per_kv_head(x):  # (B, N1, ...) -> (B, N2, ...): sum over each group
-        return x.reshape((x.shape[0], kv_heads, heads // kv_heads) + x.shape[2:]).sum(axis=2)
+    k, v = _bnsd_float32(key, options), _bnsd_float32(value, options)
+    groups = functools.partial(_groups, kv_heads=k.shape[1])
 
     def rows_backward(rows, operands):
         q, o, do = operands[:3]
         p, ds, kept, visible = _score_gradient(options, q, k, v, o, do, *operands[3:], table,
                                                rows)
-        ds = _product_operand(ds, query.dtype)
-        dq = options.scale * _masked_product("bnqk,bnkd->bnqd", ds, k, visible)
-        dk = options.scale * per_kv_head(_masked_product("bnqk,bnqd->bnkd", ds, q, visible))
+        ds, visible = groups(_product_operand(ds, query.dtype)), groups(visible)
+        dq = options.scale * _heads(_masked_product("bhgqk,bhkd->bhgqd", ds, k, visible))
+        # Summed over the group's rows and heads in one product: per head, then over the
+        # group, would hold a key-sized result per query head.
+        dk = options.scale * _masked_product("bhgqk,bhgqd->bhkd", ds, groups(q), visible)
         weights = _product_operand(p if kept is None else p * kept, query.dtype)
-        dv = per_kv_head(_masked_product("bnqk,bnqd->bnkd", weights, do, visible))
+        dv = _masked_product("bhgqk,bhgqd->bhkd", groups(weights), groups(do), visible)
         return dq, (dk, dv)
 
     dq, (dk, dv) = _in_row_chunks(rows_backward, options, operands[0].shape[2], k.shape[2],
@@ -314,7 +326,7 @@ def bias_gradient(query, key, value, out, dout, softmax_max, softmax_sum, table,
     extras = _extras(options, extras)
     operands = _row_operands(options, query, out, dout, softmax_max, softmax_sum)
     q_len = operands[0].shape[2]
-    k, v = (_bnsd_float32(x, options, operands[0].shape[1]) for x in (key, value))
+    k, v = _bnsd_float32(key, options), _bnsd_float32(value, options)
     by_rows = _row_indexed(options, "bias", extras["bias"], q_len)
 
     def rows_gradient(rows, operands):
