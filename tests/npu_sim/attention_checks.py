@@ -404,10 +404,12 @@ def attention_tnd_causal_with_sq_above_skv_takes_the_fallback():
     assert reads_the_sequence_table(lambda: f([2, 7], [3, 8]))
     assert not reads_the_sequence_table(lambda: f([2, 7], [3, 5]))
     # Long calls hold the fallback's scores a chunk of query tokens at a time, also in the
-    # branch chosen when the call runs: here chunks of 3 of the 7 tokens (N1 2, Tkv 8).
-    with fallback_chunks(3 * 2 * 8 * 4):
-        g = traced_cases(q, k, [([2, 7], [3, 5])], sparse_mode=3)
-        assert not reads_the_sequence_table(lambda: g([2, 7], [3, 5]))
+    # branch chosen when the call runs: here chunks of 3 of the 7 tokens (N1 2, Tkv 8), on
+    # one generation (the lowering does not depend on it).
+    if GEN == 90:
+        with fallback_chunks(3 * 2 * 8 * 4):
+            g = traced_cases(q, k, [([2, 7], [3, 5])], sparse_mode=3)
+            assert not reads_the_sequence_table(lambda: g([2, 7], [3, 5]))
     with jr.backend("ffi"):
         try:
             jr.flash_attention_score(q, k, k, **kw)
