@@ -1,10 +1,10 @@
 """The jnp fallback in query-row chunks (jax_rope/attention/fallback.py, GRID_CHUNK_BYTES):
 long calls go through their query rows a chunk at a time, the last chunk padded. Here the
 chunk is cut down to a few rows so that small cases take that path, against the float64
-oracle: every sparse mode in a padded layout and in TND, the other layouts, GQA, each bias
-form (a full bias tensor is sliced with the rows), dropout by key and by a caller's mask
-(the keep bits hash the global row), masked NaN without influence; and the compiled
-fallback's memory at a long sequence, with the real chunk size, and under GQA."""
+oracle: each kind of sparse-mode rule in a padded layout and in TND, the other layouts, GQA,
+each bias form (a full bias tensor is sliced with the rows), dropout by key and by a
+caller's mask (the keep bits hash the global row), masked NaN without influence; and the
+compiled fallback's memory at a long sequence, with the real chunk size, and under GQA."""
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +47,10 @@ def check_forward_and_grads(args, kw, rng):
     check_grads_vs_refs(args, kw, rng, dense=False)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4, 5, 6])
+# The modes' tables reach the chunks through one function (masks.visible_columns); the
+# cases take each kind of row rule once: element mask with and without a band, causal with
+# rows that see no key, band, prefix; in TND also the mode 7/8 bands and a sequence's mask.
+@pytest.mark.parametrize("mode", [0, 1, 3, 4, 5])
 def test_padded_modes(chunk_rows, mode):
     """B2 Sq7 Skv5 GQA 4 on 2 in chunks of 3 rows (the last padded by 2)."""
     rng = rng_for("chunks-padded", mode)
@@ -57,7 +60,7 @@ def test_padded_modes(chunk_rows, mode):
     check_forward_and_grads(args, kw, rng)
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4, 6, 7, 8])
+@pytest.mark.parametrize("mode", [1, 2, 6, 7, 8])
 def test_tnd_modes(chunk_rows, mode):
     """Packed tokens with an empty sequence, in chunks of 3 tokens that cut across sequences."""
     rng = rng_for("chunks-tnd", mode)
