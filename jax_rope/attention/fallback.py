@@ -52,13 +52,15 @@ def _stats_from_layout(x, options):
 GRID_CHUNK_BYTES = 64 << 20
 
 
-def _visibility(options, table, rows, q_len, kv_len, mask):
-    """Visibility at the query rows `rows` (of q_len; a last chunk's rows past it see none)."""
+def _visibility(options, table, rows, kv_len, mask):
+    """Visibility at the query rows `rows` (_Rows); rows that pad a last chunk see none."""
     if options.varlen:
-        visible = masks.packed_visibility(table, rows, kv_len, mask)
+        visible = masks.packed_visibility(table, rows.at, kv_len, mask)
     else:
-        visible = masks.padded_visibility(table, rows, kv_len, mask)
-    return visible & (rows < q_len)[:, None]
+        visible = masks.padded_visibility(table, rows.at, kv_len, mask)
+    if rows.padded_past is None:
+        return visible
+    return visible & (rows.at < rows.padded_past)[:, None]
 
 
 def score_grid(options, query, key):
@@ -91,23 +93,23 @@ def _heads(x):
 
 
 class _Rows(NamedTuple):
-    """Query rows of a score grid: the int32 indices `at` (masks.query_rows, or a chunk's)
-    of q_len, and the extras with the rows they hold."""
+    """Query rows of a score grid: the int32 indices `at` (masks.query_rows, or a chunk's),
+    the extras with the rows they hold, and the query rows' count where chunks pad the rows
+    past it (None: none padded)."""
     at: jax.Array
-    q_len: int
     extras: dict
+    padded_past: int | None = None
 
 
 def _all_rows(q_len, extras):
-    return _Rows(masks.query_rows(q_len), q_len, extras)
+    return _Rows(masks.query_rows(q_len), extras)
 
 
 def _dot_products(options, q, k, table, rows):
     """Unscaled q.k (B, N1, R, Skv) of bnsd float32 q (the rows) and k, and visibility
     broadcastable to them."""
     dots = _heads(jnp.einsum("bhgqd,bhkd->bhgqk", _groups(q, k.shape[1]), k))
-    return dots, _visibility(options, table, rows.at, rows.q_len, k.shape[2],
-                             rows.extras.get("mask"))
+    return dots, _visibility(options, table, rows, k.shape[2], rows.extras.get("mask"))
 
 
 def _dense_scores(options, q, k, table, rows):
@@ -157,8 +159,10 @@ def _in_row_chunks(compute, options, q_len, kv_len, row_operands, extras):
         x = jnp.moveaxis(x, 0, 2)
         return x.reshape(x.shape[:2] + (count * size,) + x.shape[4:])[:, :, :q_len]
 
+    padded_past = q_len if count * size > q_len else None
+
     def rows_of(start, held):
-        return _Rows(start + masks.query_rows(size), q_len, {**extras, **held})
+        return _Rows(start + masks.query_rows(size), {**extras, **held}, padded_past)
 
     def step(summed, chunk):
         start, operands, held = chunk
