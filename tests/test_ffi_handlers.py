@@ -1,11 +1,15 @@
 """The C++ handlers re-check their input: a bad call through a route that skips
-the Python validation (a raw ffi_call) returns an FFI error, never a crash."""
+the Python validation (a raw ffi_call) returns an FFI error, never a crash; and so does an
+attention kernel whose scratch memory cannot be had."""
+
+import contextlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import attention_oracle as ao
 import jax_rope as jr
 from jax_rope.core import extension as _extension
 from jax_rope.core.codes import Layout, RotaryMode
@@ -253,3 +257,86 @@ def test_attention_backward_handler_refuses_inconsistent_tensors(wrong, message)
         results[wrong] = _SHAPE(q.shape, jnp.float16)
     with pytest.raises(Exception, match=message):
         call()
+
+
+# --- kernel scratch that cannot be had -----------------------------------------------------
+
+@contextlib.contextmanager
+def scratch_limited_to(nbytes):
+    """Inside, the CPU kernels' scratch requests above nbytes fail as a failed allocation does
+    (std::bad_alloc, thread_scratch.h)."""
+    _extension.module()._limit_scratch_for_testing(nbytes)
+    try:
+        yield
+    finally:
+        _extension.module()._limit_scratch_for_testing(0)
+
+
+def _oracle_forward(args, kw):
+    return ao.flash_attention_score(*(ao.f64(a) for a in args), **ao.ref_kwargs(kw))[0]
+
+
+# (case, limit in bytes): the tiled forward; the split (decode) forward, whose pass scratch
+# (5 KiB here) fails at 1 byte and its kernels' own scratch (64 KiB a thread) at 8 KiB.
+FORWARD_CASES = [
+    ("tiled", dict(B=1, Sq=64, Skv=64, N1=4, N2=2, D=32, sparse_mode=3), 1),
+    ("split", dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32, sparse_mode=3), 1),
+    ("split", dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32, sparse_mode=3), 8 << 10),
+]
+
+
+@pytest.mark.parametrize("name, case, limit", FORWARD_CASES)
+def test_attention_forward_without_scratch_is_an_error_not_a_crash(name, case, limit):
+    """A forward whose scratch cannot be had fails with RESOURCE_EXHAUSTED and the process
+    goes on; the same compiled call then computes the oracle's numbers."""
+    args, kw = ao.make_case(np.random.default_rng(7), **case)
+    with jr.backend("ffi"):
+        fn = jax.jit(lambda *a: jr.flash_attention_score(*a, **kw)[0])
+        with scratch_limited_to(limit), pytest.raises(
+                jax.errors.JaxRuntimeError,
+                match="RESOURCE_EXHAUSTED: jax_rope attention: out of memory for kernel scratch"):
+            jax.block_until_ready(fn(*args))
+        out = fn(*args)
+    np.testing.assert_allclose(ao.f64(out), _oracle_forward(args, kw), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("limit", [1, 4 << 10])
+def test_attention_backward_without_scratch_is_an_error_not_a_crash(limit):
+    """The same for the backward: its pass scratch (1 KiB here) at 1 byte, its kernels'
+    scratch at 4 KiB. The forward ran before the limit."""
+    args, kw = ao.make_case(np.random.default_rng(8), B=1, Sq=64, Skv=64, N1=4, N2=2, D=32,
+                            sparse_mode=3)
+    with jr.backend("ffi"):
+        out, pullback = jax.vjp(lambda *a: jr.flash_attention_score(*a, **kw)[0], *args)
+        with scratch_limited_to(limit), pytest.raises(
+                jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
+            jax.block_until_ready(pullback(out))
+        grads = pullback(out)
+    want = ao.flash_attention_grad(*(ao.f64(a) for a in args), ao.f64(out), **kw)
+    for got, w in zip(grads, want):
+        np.testing.assert_allclose(ao.f64(got), w, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_scores_without_scratch_is_an_error_not_a_crash():
+    args, kw = ao.make_case(np.random.default_rng(9), B=1, Sq=64, Skv=64, N1=4, N2=2, D=32,
+                            sparse_mode=3)
+    with jr.backend("ffi"), scratch_limited_to(1), pytest.raises(
+            jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
+        jax.block_until_ready(jr.attention_scores(args[0], args[1], **kw))
+
+
+def test_attention_forward_reads_key_value_in_place_without_memory_for_their_copy():
+    """Where the forward would read a head-major copy of K and V (each key row read by many
+    query blocks) and that copy cannot be had, it reads K and V where they are: the call
+    succeeds with the oracle's numbers."""
+    args, kw = ao.make_case(np.random.default_rng(10), B=1, Sq=2048, Skv=512, N1=4, N2=2, D=32,
+                            sparse_mode=0)
+    copy_bytes = args[1].nbytes + args[2].nbytes  # 256 KiB; the kernels' own scratch: 134 KiB
+    with jr.backend("ffi"):
+        fn = jax.jit(lambda *a: jr.flash_attention_score(*a, **kw)[0])
+        with scratch_limited_to(copy_bytes - (32 << 10)):
+            out = jax.block_until_ready(fn(*args))
+        with scratch_limited_to(64 << 10), pytest.raises(
+                jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
+            jax.block_until_ready(fn(*args))  # the limit does reach this call's scratch
+    np.testing.assert_allclose(ao.f64(out), _oracle_forward(args, kw), rtol=2e-5, atol=2e-5)

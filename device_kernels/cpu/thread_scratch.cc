@@ -27,11 +27,14 @@ struct KeptBuffers {
 thread_local KeptBuffers kept;
 
 std::atomic<bool> poison{false};
+std::atomic<int64_t> limit{0};
 
 }  // namespace
 
 ThreadScratch::ThreadScratch(ScratchRole role, int64_t floats) {
   floats = std::max<int64_t>(floats, 1);
+  const int64_t most = limit.load(std::memory_order_relaxed);
+  if (most > 0 && floats * int64_t{sizeof(float)} > most) throw std::bad_alloc();
   KeptBuffer& b = kept.buffers[static_cast<int>(role)];
   if (!b.held && floats * int64_t{sizeof(float)} <= KeptScratchBytes(role)) {
     if (b.capacity < floats) {
@@ -60,5 +63,7 @@ ThreadScratch::~ThreadScratch() {
 }
 
 void PoisonScratchForTesting(bool on) { poison.store(on, std::memory_order_relaxed); }
+
+void LimitScratchForTesting(int64_t bytes) { limit.store(bytes, std::memory_order_relaxed); }
 
 }  // namespace jax_rope::cpu

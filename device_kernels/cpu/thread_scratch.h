@@ -47,4 +47,9 @@ class ThreadScratch {
 // NaN, so a kernel that reads scratch it has not written shows NaN in its results.
 void PoisonScratchForTesting(bool on);
 
+// Tests only: while bytes > 0 (any thread), a request for more than `bytes`
+// throws std::bad_alloc, as an allocation that fails does, kept buffer or not;
+// 0 lifts the limit.
+void LimitScratchForTesting(int64_t bytes);
+
 }  // namespace jax_rope::cpu

@@ -7,6 +7,9 @@
 //   - a role released and asked for again, no larger, reuses the thread's
 //     buffer; a role already held, or a request beyond KeptScratchBytes (4 MiB,
 //     64 MiB for kPass), gets a buffer of its own; threads never share a buffer;
+//   - with LimitScratchForTesting(n), a request above n bytes throws
+//     std::bad_alloc, a kept buffer's role included, and one of n bytes does not;
+//     0 lifts the limit;
 //   - AllFinite finds one Inf or NaN (either sign) anywhere in a strided block,
 //     and ignores what lies between its rows.
 // Built and run by ctest (CMake option JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
@@ -14,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -102,6 +106,26 @@ void CheckKeptBuffers() {
   Check(other != mine.data(), "threads keep separate buffers");
 }
 
+bool Throws(ScratchRole role, int64_t floats) {
+  try {
+    ThreadScratch s(role, floats);
+  } catch (const std::bad_alloc&) {
+    return true;
+  }
+  return false;
+}
+
+void CheckLimit() {
+  { ThreadScratch kept(ScratchRole::kLanes, 64); }  // the role's kept buffer holds 64 floats
+  jax_rope::cpu::LimitScratchForTesting(128);
+  Check(Throws(ScratchRole::kLanes, 64), "over the limit: a kept buffer's size throws too");
+  Check(Throws(ScratchRole::kPass, 1 << 20), "over the limit: a large request throws");
+  Check(!Throws(ScratchRole::kLanes, 32), "a request of the limit's bytes is served");
+  jax_rope::cpu::LimitScratchForTesting(0);
+  Check(!Throws(ScratchRole::kLanes, 64) && !Throws(ScratchRole::kPass, 1 << 20),
+        "0 lifts the limit");
+}
+
 void CheckAllFinite() {
   const float specials[] = {std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
@@ -135,6 +159,7 @@ void CheckAllFinite() {
 
 int main() {
   CheckKeptBuffers();
+  CheckLimit();
   CheckAllFinite();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;
