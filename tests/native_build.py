@@ -1,7 +1,8 @@
 """The tests' native artefacts, built by CMake (option JAX_ROPE_BUILD_TESTS) in
 build/tests with the kernel library exactly as it ships: the simulated CANN
-runtime (its core and one operator library per CANN generation) and the NPU
-handlers' host twins (tests/npu_sim).
+runtime (its core and one operator library per CANN generation), the NPU
+handlers' host twins (tests/npu_sim), and the CPU attention handlers with a limit
+on their kernels' scratch (tests/native).
 
 `make kernel-test` (and so `make test`) configures and builds that directory;
 `build_dir()` reuses it, bringing it up to date with an incremental
@@ -23,6 +24,7 @@ SIMULATOR_OPS = "libjax_rope_npu_sim_ops_{}.so"  # the operators of one CANN gen
 SIMULATOR_OPAPI_BASE = "libjax_rope_npu_sim_opapi_base.so"  # a split install's libopapi.so
 GENERATIONS = (80, 85, 90)
 HOST_HANDLERS = "libjax_rope_npu_host_handlers.so"
+SCRATCH_LIMIT_HANDLERS = "libjax_rope_scratch_limit_handlers.so"  # tests/native
 
 
 class Unavailable(RuntimeError):
@@ -45,7 +47,7 @@ def build_dir() -> pathlib.Path:
         _run([cmake, "-S", str(ROOT), "-B", str(BUILD_DIR), f"-DPython_EXECUTABLE={sys.executable}",
               "-DJAX_ROPE_BUILD_TESTS=ON", "-DJAX_ROPE_BUILD_MODULE=OFF"])
     _run([cmake, "--build", str(BUILD_DIR), "--parallel", str(os.cpu_count() or 2)])
-    for name in (SIMULATOR, SIMULATOR_OPAPI_BASE, HOST_HANDLERS,
+    for name in (SIMULATOR, SIMULATOR_OPAPI_BASE, HOST_HANDLERS, SCRATCH_LIMIT_HANDLERS,
                  *(SIMULATOR_OPS.format(g) for g in GENERATIONS)):
         if not (BUILD_DIR / name).exists():
             raise RuntimeError(f"{BUILD_DIR / name} was not built")

@@ -3,6 +3,7 @@ the Python validation (a raw ffi_call) returns an FFI error, never a crash; and 
 attention kernel whose scratch memory cannot be had."""
 
 import contextlib
+import ctypes
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import pytest
 
 import attention_oracle as ao
 import jax_rope as jr
+import native_build
 from jax_rope.core import extension as _extension
 from jax_rope.core.codes import Layout, RotaryMode
 
@@ -261,82 +263,109 @@ def test_attention_backward_handler_refuses_inconsistent_tensors(wrong, message)
 
 # --- kernel scratch that cannot be had -----------------------------------------------------
 
-@contextlib.contextmanager
-def scratch_limited_to(nbytes):
-    """Inside, the CPU kernels' scratch requests above nbytes fail as a failed allocation does
-    (std::bad_alloc, thread_scratch.h)."""
-    _extension.module()._limit_scratch_for_testing(nbytes)
+@pytest.fixture(scope="module")
+def scratch_limit():
+    """The CPU attention handlers built again with a limit on their kernels' scratch
+    (tests/native/scratch_limit_handlers.cc), registered as jax_rope_test_attention_{fwd,
+    scores,bwd}; returns a context manager: inside it, their scratch requests above n bytes
+    fail as a failed allocation does (std::bad_alloc)."""
     try:
-        yield
-    finally:
-        _extension.module()._limit_scratch_for_testing(0)
+        lib = ctypes.CDLL(str(native_build.build_dir() / native_build.SCRATCH_LIMIT_HANDLERS))
+    except native_build.Unavailable as why:
+        pytest.skip(str(why))
+    for kind, symbol in [("fwd", "Forward"), ("scores", "Scores"), ("bwd", "Backward")]:
+        handler = jax.ffi.pycapsule(getattr(lib, f"JaxRopeTestAttention{symbol}"))
+        jax.ffi.register_ffi_target(f"jax_rope_test_attention_{kind}", handler, platform="cpu")
+    lib.jax_rope_test_limit_scratch.argtypes = [ctypes.c_int64]
+
+    @contextlib.contextmanager
+    def limited_to(nbytes):
+        lib.jax_rope_test_limit_scratch(nbytes)
+        try:
+            yield
+        finally:
+            lib.jax_rope_test_limit_scratch(0)
+    return limited_to
 
 
-def _oracle_forward(args, kw):
-    return ao.flash_attention_score(*(ao.f64(a) for a in args), **ao.ref_kwargs(kw))[0]
+OUT_OF_SCRATCH = "RESOURCE_EXHAUSTED: jax_rope attention: out of memory for kernel scratch"
 
 
-# (case, limit in bytes): the tiled forward; the split (decode) forward, whose pass scratch
-# (5 KiB here) fails at 1 byte and its kernels' own scratch (64 KiB a thread) at 8 KiB.
-FORWARD_CASES = [
-    ("tiled", dict(B=1, Sq=64, Skv=64, N1=4, N2=2, D=32, sparse_mode=3), 1),
-    ("split", dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32, sparse_mode=3), 1),
-    ("split", dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32, sparse_mode=3), 8 << 10),
-]
+def _open_case(seed, B, Sq, Skv, N1, N2, D):
+    """(q, k, v) in BSND with a table that lets every query see every key (the raw calls'
+    scale: 0.5)."""
+    args, _ = ao.make_case(np.random.default_rng(seed), B=B, Sq=Sq, Skv=Skv, N1=N1, N2=N2, D=D)
+    table = jnp.asarray([[0, Sq, 0, Skv] + OPEN_BAND] * B, jnp.int32)
+    return [jnp.asarray(a) for a in args], table
 
 
-@pytest.mark.parametrize("name, case, limit", FORWARD_CASES)
-def test_attention_forward_without_scratch_is_an_error_not_a_crash(name, case, limit):
+def _limited_forward(q, k, v, table):
+    return call_attention("jax_rope_test_attention_fwd", (q, k, v, table), forward_results(q, v))
+
+
+# The tiled forward; the split (decode) forward, whose pass scratch (5 KiB here) fails at
+# 1 byte and its kernels' own scratch (64 KiB a thread) at 8 KiB.
+@pytest.mark.parametrize("shape, limit", [
+    (dict(B=1, Sq=64, Skv=64, N1=4, N2=2, D=32), 1),
+    (dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32), 1),
+    (dict(B=2, Sq=1, Skv=2048, N1=8, N2=2, D=32), 8 << 10),
+], ids=["tiled", "split pass", "split kernels"])
+def test_attention_forward_without_scratch_is_an_error_not_a_crash(scratch_limit, shape, limit):
     """A forward whose scratch cannot be had fails with RESOURCE_EXHAUSTED and the process
-    goes on; the same compiled call then computes the oracle's numbers."""
-    args, kw = ao.make_case(np.random.default_rng(7), **case)
-    with jr.backend("ffi"):
-        fn = jax.jit(lambda *a: jr.flash_attention_score(*a, **kw)[0])
-        with scratch_limited_to(limit), pytest.raises(
-                jax.errors.JaxRuntimeError,
-                match="RESOURCE_EXHAUSTED: jax_rope attention: out of memory for kernel scratch"):
-            jax.block_until_ready(fn(*args))
-        out = fn(*args)
-    np.testing.assert_allclose(ao.f64(out), _oracle_forward(args, kw), rtol=2e-5, atol=2e-5)
+    goes on; the same call then computes the oracle's numbers."""
+    (q, k, v), table = _open_case(7, **shape)
+    with scratch_limit(limit), pytest.raises(Exception, match=OUT_OF_SCRATCH):
+        _limited_forward(q, k, v, table)
+    out = _limited_forward(q, k, v, table)[0]
+    want = ao.flash_attention_score(*(ao.f64(a) for a in (q, k, v)), scale=0.5)[0]
+    np.testing.assert_allclose(ao.f64(out), want, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("limit", [1, 4 << 10])
-def test_attention_backward_without_scratch_is_an_error_not_a_crash(limit):
+@pytest.mark.parametrize("limit", [1, 4 << 10], ids=["pass", "kernels"])
+def test_attention_backward_without_scratch_is_an_error_not_a_crash(scratch_limit, limit):
     """The same for the backward: its pass scratch (1 KiB here) at 1 byte, its kernels'
-    scratch at 4 KiB. The forward ran before the limit."""
-    args, kw = ao.make_case(np.random.default_rng(8), B=1, Sq=64, Skv=64, N1=4, N2=2, D=32,
-                            sparse_mode=3)
-    with jr.backend("ffi"):
-        out, pullback = jax.vjp(lambda *a: jr.flash_attention_score(*a, **kw)[0], *args)
-        with scratch_limited_to(limit), pytest.raises(
-                jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
-            jax.block_until_ready(pullback(out))
-        grads = pullback(out)
-    want = ao.flash_attention_grad(*(ao.f64(a) for a in args), ao.f64(out), **kw)
-    for got, w in zip(grads, want):
+    scratch at 4 KiB."""
+    (q, k, v), table = _open_case(8, B=1, Sq=64, Skv=64, N1=4, N2=2, D=32)
+    out, smax, ssum = _limited_forward(q, k, v, table)
+    dout = jnp.asarray(np.random.default_rng(9).standard_normal(out.shape), jnp.float32)
+
+    def backward():
+        return call_attention("jax_rope_test_attention_bwd",
+                              (q, k, v, out, dout, smax, ssum, table),
+                              tuple(_SHAPE(x.shape, x.dtype) for x in (q, k, v)))
+    with scratch_limit(limit), pytest.raises(Exception, match=OUT_OF_SCRATCH):
+        backward()
+    want = ao.flash_attention_grad(*(ao.f64(a) for a in (q, k, v, dout)), scale=0.5)
+    for got, w in zip(backward(), want):
         np.testing.assert_allclose(ao.f64(got), w, rtol=1e-4, atol=1e-4)
 
 
-def test_attention_scores_without_scratch_is_an_error_not_a_crash():
-    args, kw = ao.make_case(np.random.default_rng(9), B=1, Sq=64, Skv=64, N1=4, N2=2, D=32,
-                            sparse_mode=3)
-    with jr.backend("ffi"), scratch_limited_to(1), pytest.raises(
-            jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
-        jax.block_until_ready(jr.attention_scores(args[0], args[1], **kw))
+def test_attention_scores_without_scratch_is_an_error_not_a_crash(scratch_limit):
+    (q, k, _), table = _open_case(10, B=1, Sq=64, Skv=64, N1=4, N2=2, D=32)
+    scores = jax.ffi.ffi_call("jax_rope_test_attention_scores", _SHAPE((1, 4, 64, 64), jnp.float32))
+
+    def call():  # the scores take the mask, bias and offsets operands only
+        return jax.block_until_ready(scores(
+            q, k, table, PLACEHOLDERS["mask"], PLACEHOLDERS["bias"], PLACEHOLDERS["offsets"],
+            layout=BSND, scale=np.float32(0.5), has_mask=np.int32(0), bias_kind=np.int32(0),
+            bias_after_scale=np.int32(0)))
+    with scratch_limit(1), pytest.raises(Exception, match=OUT_OF_SCRATCH):
+        call()
+    got = call()
+    want = ao.attention_scores(ao.f64(q), ao.f64(k), scale=0.5)
+    np.testing.assert_allclose(ao.f64(got), want, rtol=2e-5, atol=2e-5)
 
 
-def test_attention_forward_reads_key_value_in_place_without_memory_for_their_copy():
+def test_attention_forward_reads_key_value_in_place_without_memory_for_their_copy(
+        scratch_limit):
     """Where the forward would read a head-major copy of K and V (each key row read by many
-    query blocks) and that copy cannot be had, it reads K and V where they are: the call
+    query blocks) and that copy cannot be had, it reads K and V where they lie: the call
     succeeds with the oracle's numbers."""
-    args, kw = ao.make_case(np.random.default_rng(10), B=1, Sq=2048, Skv=512, N1=4, N2=2, D=32,
-                            sparse_mode=0)
-    copy_bytes = args[1].nbytes + args[2].nbytes  # 256 KiB; the kernels' own scratch: 134 KiB
-    with jr.backend("ffi"):
-        fn = jax.jit(lambda *a: jr.flash_attention_score(*a, **kw)[0])
-        with scratch_limited_to(copy_bytes - (32 << 10)):
-            out = jax.block_until_ready(fn(*args))
-        with scratch_limited_to(64 << 10), pytest.raises(
-                jax.errors.JaxRuntimeError, match="out of memory for kernel scratch"):
-            jax.block_until_ready(fn(*args))  # the limit does reach this call's scratch
-    np.testing.assert_allclose(ao.f64(out), _oracle_forward(args, kw), rtol=2e-5, atol=2e-5)
+    (q, k, v), table = _open_case(11, B=1, Sq=2048, Skv=512, N1=4, N2=2, D=32)
+    copy_bytes = k.nbytes + v.nbytes  # 256 KiB; the kernels' own scratch: 134 KiB a thread
+    with scratch_limit(copy_bytes - (32 << 10)):
+        out = _limited_forward(q, k, v, table)[0]
+    with scratch_limit(64 << 10), pytest.raises(Exception, match=OUT_OF_SCRATCH):
+        _limited_forward(q, k, v, table)  # the limit does reach this call's scratch
+    want = ao.flash_attention_score(*(ao.f64(a) for a in (q, k, v)), scale=0.5)[0]
+    np.testing.assert_allclose(ao.f64(out), want, rtol=2e-5, atol=2e-5)

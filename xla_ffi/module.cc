@@ -6,7 +6,6 @@
 
 #include "device_kernels/common/codes.h"
 #include "device_kernels/common/layout_roles.h"
-#include "device_kernels/cpu/thread_scratch.h"
 #include "device_kernels/npu/acl_runtime.h"
 #include "xla_ffi/attention_handlers.h"
 #include "xla_ffi/npu_handlers.h"
@@ -79,9 +78,6 @@ PYBIND11_MODULE(_jax_rope_ffi, m) {
     out["layout_roles"] = roles;
     return out;
   }, "The operator codes of device_kernels/common/codes.h, as jax_rope.core.codes.tables().");
-  m.def("_limit_scratch_for_testing", &jax_rope::cpu::LimitScratchForTesting, py::arg("bytes"),
-        "Tests only: while bytes > 0, the CPU kernels' scratch requests above it fail as an "
-        "allocation that fails does (0 lifts the limit).");
   m.attr("built_against_jaxlib") = JAX_ROPE_BUILT_AGAINST_JAXLIB;
   m.attr("compiler") = __VERSION__;
 }
