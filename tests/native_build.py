@@ -11,6 +11,7 @@ on their kernels' scratch (tests/native).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
 import shutil
@@ -38,15 +39,21 @@ def _run(command: list[str]) -> None:
 
 
 def build_dir() -> pathlib.Path:
-    """build/tests with every test-only target built; raises Unavailable without a toolchain."""
+    """build/tests with every test-only target built; raises Unavailable without a toolchain.
+    One process at a time configures and builds (a lock file beside build/tests): two test
+    files of one pytest-xdist run ask for it."""
     cmake = shutil.which("cmake")
     if cmake is None or shutil.which(os.environ.get("CXX", "c++")) is None:
         raise Unavailable("cmake and a C++ compiler are needed for the native test artefacts")
-    if not (BUILD_DIR / "CMakeCache.txt").exists():
-        # The same options as the Makefile's native-tests target.
-        _run([cmake, "-S", str(ROOT), "-B", str(BUILD_DIR), f"-DPython_EXECUTABLE={sys.executable}",
-              "-DJAX_ROPE_BUILD_TESTS=ON", "-DJAX_ROPE_BUILD_MODULE=OFF"])
-    _run([cmake, "--build", str(BUILD_DIR), "--parallel", str(os.cpu_count() or 2)])
+    BUILD_DIR.parent.mkdir(parents=True, exist_ok=True)
+    with open(BUILD_DIR.parent / "tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (BUILD_DIR / "CMakeCache.txt").exists():
+            # The same options as the Makefile's native-tests target.
+            _run([cmake, "-S", str(ROOT), "-B", str(BUILD_DIR),
+                  f"-DPython_EXECUTABLE={sys.executable}", "-DJAX_ROPE_BUILD_TESTS=ON",
+                  "-DJAX_ROPE_BUILD_MODULE=OFF"])
+        _run([cmake, "--build", str(BUILD_DIR), "--parallel", str(os.cpu_count() or 2)])
     for name in (SIMULATOR, SIMULATOR_OPAPI_BASE, HOST_HANDLERS, SCRATCH_LIMIT_HANDLERS,
                  *(SIMULATOR_OPS.format(g) for g in GENERATIONS)):
         if not (BUILD_DIR / name).exists():
