@@ -343,6 +343,7 @@ def test_attention_backward_without_scratch_is_an_error_not_a_crash(scratch_limi
 
 
 def test_attention_scores_without_scratch_is_an_error_not_a_crash(scratch_limit):
+    """The same for the scores."""
     (q, k, _), table = _open_case(10, B=1, Sq=64, Skv=64, N1=4, N2=2, D=32)
     scores = jax.ffi.ffi_call("jax_rope_test_attention_scores", _SHAPE((1, 4, 64, 64), jnp.float32))
 
