@@ -31,6 +31,13 @@ void Bf16PairsGemmAvx512(int64_t m, int64_t n, int64_t kp, const uint32_t* a, in
 void Bf16DotScoresAvx512(int64_t keys, int64_t rows, int64_t kp, const uint16_t* k, int64_t ldk,
                          const uint32_t* q, int64_t ldq, float* s, int64_t key_step,
                          int64_t row_step, const RowsAhead& ahead);
+// attention_amx.cc, compiled for AMX-BF16.
+bool AmxBf16Usable();
+void Bf16GemmAmx(int64_t m, int64_t n, int64_t kp, const uint16_t* a, int64_t lda,
+                 const uint32_t* b, int64_t ldb, float* c, int64_t ldc);
+void Bf16PairsGemmAmx(int64_t m, int64_t n, int64_t kp, const uint32_t* a, int64_t a_row,
+                      int64_t a_col, const uint32_t* b, int64_t ldb, float* c, int64_t ldc,
+                      bool accumulate);
 
 namespace {
 
@@ -136,6 +143,16 @@ constexpr TileOps kAvx512Bf16Ops = {GemmAvx512,        GemmBf16BAvx512,     Gemm
                                     NarrowBf16Avx512,  ScaleRowsAvx512,     MaskRowAvx512,
                                     RowDotAvx512,      false};
 
+// The same with the bf16 GEMMs on AMX tiles (attention_amx.cc).
+constexpr TileOps kAvx512AmxOps = {GemmAvx512,        GemmBf16BAvx512,     GemmColMaxAvx512,
+                                   SoftmaxStepAvx512,
+                                   SoftmaxGradAvx512, DotScoresAvx512,     SoftmaxRowsAvx512,
+                                   Bf16GemmAmx,       Bf16PairsGemmAmx,    Bf16DotScoresAvx512,
+                                   WidenBf16Avx512,   WidenF16Avx512,      CopyRowAvx512,
+                                   RoundBf16Avx512,   PackBf16PairsAvx512, PairRowsBf16Avx512,
+                                   NarrowBf16Avx512,  ScaleRowsAvx512,     MaskRowAvx512,
+                                   RowDotAvx512,      false};
+
 }  // namespace
 
 const TileOps* TileOpsFor(TileIsa isa) {
@@ -145,6 +162,11 @@ const TileOps* TileOpsFor(TileIsa isa) {
     case TileIsa::kAvx512:
       if (!fma || !__builtin_cpu_supports("avx512f")) return nullptr;
       return __builtin_cpu_supports("avx512bf16") ? &kAvx512Bf16Ops : &kAvx512Ops;
+    case TileIsa::kAvx512Amx: {
+      static const bool amx = AmxBf16Usable();  // (asks the OS for the tile state once)
+      const TileOps* avx512 = TileOpsFor(TileIsa::kAvx512);
+      return avx512 == &kAvx512Bf16Ops && amx ? &kAvx512AmxOps : nullptr;
+    }
     case TileIsa::kAvx2:
       return fma && __builtin_cpu_supports("avx2") ? &kAvx2Ops : nullptr;
     case TileIsa::kBaseline:
@@ -159,7 +181,8 @@ std::atomic<const TileOps*> g_tile_ops_for_testing{nullptr};
 
 const TileOps& GetTileOps() {
   static const TileOps& best = [] {
-    const TileOps* found = TileOpsFor(TileIsa::kAvx512);
+    const TileOps* found = TileOpsFor(TileIsa::kAvx512Amx);
+    if (found == nullptr) found = TileOpsFor(TileIsa::kAvx512);
     if (found == nullptr) found = TileOpsFor(TileIsa::kAvx2);
     return found != nullptr ? *found : *TileOpsFor(TileIsa::kBaseline);
   }();

@@ -124,8 +124,9 @@ struct TileOps {
   void (*softmax_rows)(float* s, int64_t lds, int64_t rows, int64_t keys, float scale,
                        float* q_max, float* q_sum, float* out, int64_t ldo, int64_t out_cols);
 
-  // bfloat16 products with the CPU's bf16 dot instruction (AVX512_BF16
-  // vdpbf16ps: exact products, float32 sums); nullptr where it is missing.
+  // bfloat16 products with the CPU's bf16 dot instructions (AVX512_BF16
+  // vdpbf16ps, or AMX-BF16 tdpbf16ps where the CPU has it: exact products,
+  // float32 sums, in each instruction's order); nullptr where they are missing.
   // C[m x n] = A[m x 2 kp] * B[2 kp x n]: A is bfloat16 bits, row stride lda
   // (even: bf16_pairs_gemm reads A's rows as pairs);
   // B comes as column pairs, b[p * ldb + j] = B[2p][j] | B[2p + 1][j] << 16,
@@ -207,7 +208,9 @@ const TileOps& GetTileOps();
 void UseTileOpsForTesting(const TileOps* ops);
 
 // One instruction set's routines, or nullptr when this CPU lacks it (tests).
-enum class TileIsa { kAvx512, kAvx2, kBaseline };
+// kAvx512Amx: AVX-512's, with the bf16 GEMMs on AMX tiles (AMX-BF16, where the
+// OS grants the process the tile state).
+enum class TileIsa { kAvx512Amx, kAvx512, kAvx2, kBaseline };
 const TileOps* TileOpsFor(TileIsa isa);
 
 }  // namespace jax_rope::cpu

@@ -79,6 +79,7 @@ void KeepRunBaseline(uint32_t k0, uint32_t k1, uint32_t row_word, uint32_t col,
 KeepRunFn KeepRunFor(TileIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
+    case TileIsa::kAvx512Amx:
     case TileIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")
                  ? KeepRunAvx512

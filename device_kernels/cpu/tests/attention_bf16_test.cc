@@ -32,9 +32,11 @@ using namespace jax_rope::cpu::check_count;
 void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& name,
                    std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t m : {1, 4, 7, 64}) {
+  // (m 24: a second 16-row AMX tile short of rows; kp 200: more pairs than
+  // attention_amx.cc packs at once, the last chunk short.)
+  for (int64_t m : {1, 4, 7, 24, 64}) {
     for (int64_t n : {1, 16, 33, 64}) {
-      for (int64_t kp : {1, 20, 64}) {
+      for (int64_t kp : {1, 20, 64, 200}) {
         const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
         std::vector<BFloat16> a(m * lda);
         std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
@@ -49,10 +51,13 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
                                  uint32_t{bt[(2 * p + 1) * ldb + j].bits} << 16;
           }
         }
-        std::vector<float> c(m * ldc, 7.0f);
+        std::vector<float> c((m + 1) * ldc, 7.0f);  // row m: a guard, never written
         bf16_gemm(m, n, kp, reinterpret_cast<const uint16_t*>(a.data()), lda, pairs.data(), ldb,
                   c.data(), ldc);
         double worst = 0.0;
+        for (int64_t j = 0; j < ldc; ++j) {
+          worst = std::max(worst, std::abs(double(c[m * ldc + j]) - 7.0));
+        }
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
             double want = 0.0;
@@ -79,9 +84,9 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
 void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) gemm,
                         const std::string& name, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (int64_t m : {1, 5, 64}) {
+  for (int64_t m : {1, 5, 24, 64}) {
     for (int64_t n : {1, 16, 33, 128}) {
-      for (int64_t k : {1, 2, 7, 64}) {  // depth; odd: the last pair's partner is 0
+      for (int64_t k : {1, 2, 7, 64, 301}) {  // depth; odd: the last pair's partner is 0
         const int64_t kp = (k + 1) / 2, ld = RoundUpToTile(m) + 16;
         const int64_t ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
         std::vector<float> at(k * ld);  // A transposed (k x m), rounded to bfloat16
@@ -99,13 +104,16 @@ void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) g
         }
         for (bool accumulate : {false, true}) {
           for (bool transposed : {false, true}) {
-            std::vector<float> c(m * ldc, 0.5f);
+            std::vector<float> c((m + 1) * ldc, 0.5f);  // row m: a guard, never written
             if (transposed) {
               gemm(m, n, kp, packed.data(), 1, ld, b.data(), ldb, c.data(), ldc, accumulate);
             } else {
               gemm(m, n, kp, rows.data(), kp, 1, b.data(), ldb, c.data(), ldc, accumulate);
             }
             double worst = 0.0;
+            for (int64_t j = 0; j < ldc; ++j) {
+              worst = std::max(worst, std::abs(c[m * ldc + j] - 0.5));
+            }
             for (int64_t i = 0; i < m; ++i) {
               for (int64_t j = 0; j < ldc; ++j) {
                 double want = accumulate ? 0.5 : 0.0;

@@ -437,9 +437,18 @@ int main(int argc, char** argv) {
   UseTileOpsForTesting(nullptr);
   ++g_checks;
   if (emulated && g_emulated_bf16_gemm_calls.load() == 0) Fail("no case ran the bf16_gemm");
+  // Where the bf16 GEMMs run on AMX tiles, once more on AVX512_BF16's vdpbf16ps.
+  const bool amx = TileOpsFor(TileIsa::kAvx512Amx) != nullptr;
+  if (amx) {
+    UseTileOpsForTesting(TileOpsFor(TileIsa::kAvx512));
+    run_cases();
+    UseTileOpsForTesting(nullptr);
+    ++g_checks;
+  }
   std::printf("%d checks, %d failures (%d cases also through the K/V copy; second pass: B "
-              "blocks %s, bf16_gemm %s)\n",
+              "blocks %s, bf16_gemm %s; bf16 GEMMs on AMX %s)\n",
               g_checks, g_failures, g_copied_cases, other.copy_b_blocks ? "copied" : "in place",
-              emulated ? "emulated" : "none (widened)");
+              emulated ? "emulated" : "none (widened)",
+              amx ? "in the first pass, vdpbf16ps in a third" : "not on this CPU");
   return g_failures == 0 ? 0 : 1;
 }

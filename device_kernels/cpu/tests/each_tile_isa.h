@@ -11,9 +11,10 @@ namespace jax_rope::cpu::check_count {
 
 template <class Fn>
 void ForEachTileIsa(Fn&& fn) {
-  const char* names[] = {"avx512", "avx2", "baseline"};
-  const TileIsa isas[] = {TileIsa::kAvx512, TileIsa::kAvx2, TileIsa::kBaseline};
-  for (int which = 0; which < 3; ++which) {
+  const char* names[] = {"avx512+amx", "avx512", "avx2", "baseline"};
+  const TileIsa isas[] = {TileIsa::kAvx512Amx, TileIsa::kAvx512, TileIsa::kAvx2,
+                          TileIsa::kBaseline};
+  for (int which = 0; which < 4; ++which) {
     const TileOps* ops = TileOpsFor(isas[which]);
     if (ops == nullptr) {
       std::printf("tile ops %s: not supported here, skipped\n", names[which]);
