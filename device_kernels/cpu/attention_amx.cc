@@ -203,7 +203,12 @@ JAX_ROPE_AMX void Bf16PairsGemmAmx(int64_t m, int64_t n, int64_t kp, const uint3
     }
     return;
   }
-  _tile_loadconfig(&kConfig);
+  // The thread keeps the tile state between calls (no tilerelease): loading
+  // the configuration costs about ten times reading it back, and other code on
+  // this thread may have loaded its own.
+  alignas(64) TileConfig current;
+  _tile_storeconfig(&current);
+  if (std::memcmp(&current, &kConfig, sizeof(TileConfig)) != 0) _tile_loadconfig(&kConfig);
   const int64_t chunks = (kp + kTile - 1) / kTile, tail = kp % kTile;
   // A's tiles packed where they are not rows of 16 whole pairs in place.
   alignas(64) uint32_t a_packed[2][kGroup][kTile * kTile];
@@ -292,7 +297,6 @@ JAX_ROPE_AMX void Bf16PairsGemmAmx(int64_t m, int64_t n, int64_t kp, const uint3
       }
     }
   }
-  _tile_release();
 }
 
 // bf16_gemm: the pairs GEMM with A's rows read in place as pairs (lda even).

@@ -5,6 +5,8 @@
 // against float_convert.h, and the kernel test's emulation of the GEMMs (for
 // CPUs without AVX512_BF16). Built and run by ctest (CMake option
 // JAX_ROPE_BUILD_TESTS); exit status 1 on failure.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -258,10 +260,33 @@ void CheckBf16DotScores(decltype(TileOps::bf16_dot_scores) dot, const std::strin
   std::printf("bf16_dot_scores %s: checked\n", name.c_str());
 }
 
+// Loads a tile configuration other than attention_amx.cc's (palette 1, every
+// tile 8 rows of 32 bytes), as other AMX code on the same thread would.
+__attribute__((target("amx-tile"), noinline)) void LoadForeignTileConfig() {
+  struct alignas(64) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } static config = {};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 32;
+    config.rows[t] = 8;
+  }
+  _tile_loadconfig(&config);
+}
+
 }  // namespace
 
 int main() {
   std::mt19937 rng(13);
+  if (const TileOps* amx = TileOpsFor(TileIsa::kAvx512Amx)) {
+    // The AMX GEMMs keep their tile configuration between calls, and load it
+    // again where other code on the thread has loaded its own.
+    CheckBf16Gemm(amx->bf16_gemm, "avx512+amx (first call on this thread)", rng);
+    LoadForeignTileConfig();
+    CheckBf16Gemm(amx->bf16_gemm, "avx512+amx (after a foreign tile configuration)", rng);
+  }
   ForEachTileIsa([&](const TileOps& ops, const char* name) {
     if (ops.bf16_gemm != nullptr) CheckBf16Gemm(ops.bf16_gemm, name, rng);
     if (ops.bf16_pairs_gemm != nullptr) CheckBf16PairsGemm(ops, ops.bf16_pairs_gemm, name, rng);
