@@ -15,7 +15,8 @@ Ratios are peer time / jax_rope time (higher is better for jax_rope). The ALiBi 
 dropout rows compare jax_rope with itself: plain call time / call time with the feature.
 Compute-bound rows also print their ceiling: torch's time over the time of the row's FLOPs at
 the FMA peak, the largest ratio any implementation could show against torch on this machine.
-bfloat16 rows take the peak of the CPU's bf16 dot instruction (vdpbf16ps) where it has one.
+bfloat16 rows take the peak of the CPU's bf16 products where it has them: AMX's tdpbf16ps, else
+AVX512_BF16's vdpbf16ps.
 
 FLOPs count only visible (query, key) pairs: forward 4 * D * pairs per head; forward +
 backward 3.5x that (the backward is 2.5 forwards: FlashAttention's convention).
@@ -300,8 +301,10 @@ def measure_row(row, repeats):
 
 
 def peak(row, limits):
-    """(GFLOP/s, name) of the row's compute peak: bfloat16 rows against the bf16 dot
-    instruction's where the CPU has one (twice the multiply-adds of a float32 FMA)."""
+    """(GFLOP/s, name) of the row's compute peak: bfloat16 rows against the CPU's bf16
+    products where it has them (AMX tiles, else the bf16 dot instruction)."""
+    if row.dtype == "bfloat16" and limits.get("amx_bf16_gflops"):
+        return limits["amx_bf16_gflops"], "AMX bf16 peak"
     if row.dtype == "bfloat16" and limits.get("bf16_gflops"):
         return limits["bf16_gflops"], "bf16 peak"
     return limits["fma_gflops"], "peak"
@@ -398,6 +401,8 @@ def main() -> None:
         "torch missing (pip install 'jax_rope[bench]')"
     print(f"jax {jax.__version__} ({jax.devices()[0].platform}), {peer}")
     bf16 = f", bf16 dot peak {limits['bf16_gflops']:.1f}" if limits.get("bf16_gflops") else ""
+    if limits.get("amx_bf16_gflops"):
+        bf16 += f", AMX bf16 peak {limits['amx_bf16_gflops']:.1f}"
     print(f"machine: {limits['threads']} threads, {limits['isa']} FMA peak "
           f"{limits['fma_gflops']:.1f} GFLOP/s{bf16}, copy {limits['copy_gbps']:.1f} GB/s "
           "(read + written)")

@@ -46,8 +46,8 @@ def build() -> str:
 
 
 def measure(threads: int | None = None, copy_mib: int = 256) -> dict:
-    """{"isa", "threads", "fma_gflops", "bf16_gflops" (0 without AVX512_BF16), "copy_gbps",
-    "copy_mib"}: best of a few runs each.
+    """{"isa", "threads", "fma_gflops", "bf16_gflops" (0 without AVX512_BF16),
+    "amx_bf16_gflops" (0 without AMX-BF16), "copy_gbps", "copy_mib"}: best of a few runs each.
 
     copy_gbps counts bytes read plus bytes written, per second.
     """

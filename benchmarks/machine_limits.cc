@@ -3,13 +3,19 @@
 //         widest of AVX-512 / AVX2+FMA the CPU has, on every core at once;
 //   bf16: the same for AVX512_BF16's vdpbf16ps (bfloat16 pairs multiplied and
 //         added into float32 lanes), where the CPU has it (else 0);
+//   amx_bf16: the same for AMX-BF16's tdpbf16ps on four 16 x 16 float32 tiles
+//         (the operand tiles loaded once), where the CPU has it and Linux lets
+//         the process use the tile state (else 0);
 //   copy: memcpy between two buffers already faulted in (read + write bytes / s),
 //         on every core at once, each thread on its own slice.
 // Built by benchmarks/machine.py with the project's compiler (the one CMake found)
 // at benchmark time; prints one JSON line. Not part of the library.
 //
 //   machine_limits [threads] [copy_mib]
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -72,6 +78,60 @@ __attribute__((target("avx512f,avx512bf16"))) double DotBf16(long iters, float s
   return 2.0 * 32 * kAcc * static_cast<double>(iters);
 }
 
+// Whether the CPU has AMX-BF16 and Linux grants this process the tile data
+// state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool AmxUsable() {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!((edx >> 22) & 1) || !((edx >> 24) & 1)) return false;  // AMX-BF16, AMX-TILE
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+struct alignas(64) TileConfig {
+  unsigned char palette, start_row, reserved[14];
+  unsigned short colsb[16];
+  unsigned char rows[16];
+};
+
+__attribute__((target("amx-tile,amx-bf16"))) double DotAmx(long iters, float seed, float* sink) {
+  static TileConfig config = [] {
+    TileConfig c{};
+    c.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+      c.colsb[t] = 64;
+      c.rows[t] = 16;
+    }
+    return c;
+  }();
+  _tile_loadconfig(&config);  // per thread
+  alignas(64) unsigned short a[16 * 32], b[16 * 32];
+  alignas(64) float c[16 * 16];
+  unsigned bits;
+  std::memcpy(&bits, &seed, sizeof(bits));
+  for (int i = 0; i < 16 * 32; ++i) {
+    a[i] = static_cast<unsigned short>(bits >> 16);
+    b[i] = 0x3a83;  // about 1e-3
+  }
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (long n = 0; n < iters; ++n) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c, 64);
+  _tile_release();
+  *sink = c[0];
+  return 2.0 * 16 * 16 * 32 * 4 * static_cast<double>(iters);
+}
+
 // Runs body(thread) on `threads` threads at once; returns the wall seconds.
 template <typename Body>
 double OnAllThreads(int threads, Body body) {
@@ -119,6 +179,8 @@ int main(int argc, char** argv) {
     fma_gflops = run(fma, 1 << 22, std::chrono::milliseconds(100));
   }
   if (bf16) bf16_gflops = run(DotBf16, 1 << 21, std::chrono::milliseconds(100));
+  double amx_bf16_gflops = 0.0;
+  if (AmxUsable()) amx_bf16_gflops = run(DotAmx, 1 << 19, std::chrono::milliseconds(100));
 
   // Copy: buffers touched first (no page faults in the timing), best of 7.
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
@@ -133,7 +195,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": %.1f, \"bf16_gflops\": %.1f, "
-      "\"copy_gbps\": %.2f, \"copy_mib\": %zu, \"check\": %d}\n",
-      isa, threads, fma_gflops, bf16_gflops, copy_gbps, copy_bytes >> 20, dst[copy_bytes / 2]);
+      "\"amx_bf16_gflops\": %.1f, \"copy_gbps\": %.2f, \"copy_mib\": %zu, \"check\": %d}\n",
+      isa, threads, fma_gflops, bf16_gflops, amx_bf16_gflops, copy_gbps, copy_bytes >> 20,
+      dst[copy_bytes / 2]);
   return 0;
 }
