@@ -28,7 +28,7 @@ namespace jax_rope::cpu {
 namespace {
 
 constexpr int kTile = 16;          // rows of a tile, and its 64-byte rows' float32 or pairs
-constexpr int64_t kGroup = 8;      // chunks of 16 pairs of A packed at once (16 KiB)
+constexpr int64_t kGroup = 4;      // chunks of 16 pairs of A packed at once (8 KiB for two tiles)
 constexpr int64_t kRowBytes = 64;  // a tile row
 
 // The tile configuration (palette 1): tiles 0-3 are C (2 x 2 blocks of 16 x 16

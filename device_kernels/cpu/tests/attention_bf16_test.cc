@@ -38,7 +38,7 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
   // attention_amx.cc packs at once, the last chunk short.)
   for (int64_t m : {1, 4, 7, 24, 64}) {
     for (int64_t n : {1, 16, 33, 64}) {
-      for (int64_t kp : {1, 20, 64, 200}) {
+      for (int64_t kp : {0, 1, 20, 64, 200}) {
         const int64_t lda = 2 * kp + 6, ldb = RoundUpToTile(n) + 16, ldc = RoundUpToTile(n);
         std::vector<BFloat16> a(m * lda);
         std::vector<BFloat16> bt(2 * kp * ldb, FromFloat<BFloat16>(0.0f));
