@@ -127,8 +127,8 @@ struct TilePtr {
   int64_t stride;  // bytes
 };
 
-// C[RT x CT tiles] (+)= sum over chunks of A[r][ch] * B[c][ch]: tiles 0-3 hold C
-// (2r + c), loaded from c_in or zeroed, stored to c_out.
+// C[RT x CT tiles] (+)= sum over chunks of A[r][ch] * B[c][ch]: tile 2r + c holds
+// C's tile at c[2r + c], loaded from there (load_c) or zeroed, and stored back.
 template <int RT, int CT>
 JAX_ROPE_AMX_INLINE void Block(int64_t chunks, const TilePtr (*a)[kGroup], const TilePtr* b,
                                int64_t b_chunk_step, const TilePtr* b_last, bool load_c,

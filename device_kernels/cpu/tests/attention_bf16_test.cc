@@ -29,6 +29,9 @@ namespace {
 using namespace jax_rope::cpu;
 using namespace jax_rope::cpu::check_count;
 
+// The larger of worst and diff, a NaN diff (a NaN result) the worst of all.
+double Worse(double worst, double diff) { return std::isnan(diff) ? 1e9 : std::max(worst, diff); }
+
 // A TileOps::bf16_gemm (bf16 inputs: exact products, float32 sums) against a
 // double-precision evaluation.
 void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& name,
@@ -58,7 +61,7 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
                   c.data(), ldc);
         double worst = 0.0;
         for (int64_t j = 0; j < ldc; ++j) {
-          worst = std::max(worst, std::abs(double(c[m * ldc + j]) - 7.0));
+          worst = Worse(worst, std::abs(double(c[m * ldc + j]) - 7.0));
         }
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
@@ -66,10 +69,10 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
             for (int64_t p = 0; p < 2 * kp; ++p) {
               want += double(ToFloat(a[i * lda + p])) * ToFloat(bt[p * ldb + j]);
             }
-            worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+            worst = Worse(worst, std::abs(want - c[i * ldc + j]));
           }
           for (int64_t j = n; j < ldc; ++j) {  // B's zero columns up to RoundUpToTile(n)
-            worst = std::max(worst, double(std::abs(c[i * ldc + j])));
+            worst = Worse(worst, double(std::abs(c[i * ldc + j])));
           }
         }
         ++g_checks;
@@ -81,7 +84,8 @@ void CheckBf16Gemm(decltype(TileOps::bf16_gemm) bf16_gemm, const std::string& na
 }
 
 // A TileOps::bf16_pairs_gemm against a double-precision evaluation, A read
-// both ways (rows of pairs, and pack_bf16_pairs of a transposed float32 tile),
+// three ways (rows of pairs, pack_bf16_pairs of a transposed float32 tile, and
+// rows with a pair in every other word),
 // accumulating or not.
 void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) gemm,
                         const std::string& name, std::mt19937& rng) {
@@ -104,17 +108,23 @@ void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) g
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t p = 0; p < kp; ++p) rows[i * kp + p] = packed[p * ld + i];
         }
+        // And every other word of wider rows (a_col 2), NaN pairs between them.
+        std::vector<uint32_t> spread(m * 2 * kp, 0x7fc07fc0u);
+        for (int64_t i = 0; i < m * kp; ++i) spread[2 * i] = rows[i];
         for (bool accumulate : {false, true}) {
-          for (bool transposed : {false, true}) {
+          for (int layout = 0; layout < 3; ++layout) {
             std::vector<float> c((m + 1) * ldc, 0.5f);  // row m: a guard, never written
-            if (transposed) {
+            if (layout == 0) {
+              gemm(m, n, kp, rows.data(), kp, 1, b.data(), ldb, c.data(), ldc, accumulate);
+            } else if (layout == 1) {
               gemm(m, n, kp, packed.data(), 1, ld, b.data(), ldb, c.data(), ldc, accumulate);
             } else {
-              gemm(m, n, kp, rows.data(), kp, 1, b.data(), ldb, c.data(), ldc, accumulate);
+              gemm(m, n, kp, spread.data(), 2 * kp, 2, b.data(), ldb, c.data(), ldc,
+                   accumulate);
             }
             double worst = 0.0;
             for (int64_t j = 0; j < ldc; ++j) {
-              worst = std::max(worst, std::abs(c[m * ldc + j] - 0.5));
+              worst = Worse(worst, std::abs(c[m * ldc + j] - 0.5));
             }
             for (int64_t i = 0; i < m; ++i) {
               for (int64_t j = 0; j < ldc; ++j) {
@@ -122,7 +132,7 @@ void CheckBf16PairsGemm(const TileOps& ops, decltype(TileOps::bf16_pairs_gemm) g
                 for (int64_t p = 0; p < k && j < n; ++p) {
                   want += double(at[p * ld + i]) * ToFloat(bv[p * ldb + j]);
                 }
-                worst = std::max(worst, std::abs(want - c[i * ldc + j]));
+                worst = Worse(worst, std::abs(want - c[i * ldc + j]));
               }
             }
             ++g_checks;
