@@ -13,8 +13,11 @@
 #include <cpuid.h>
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #if defined(__linux__)
 #include <sys/syscall.h>
@@ -59,23 +62,18 @@ constexpr int TransposeLane(int h, int o, bool high) {
   return w < h ? lane : 16 + lane;  // (16 + : the second row's lanes)
 }
 
+template <int H, bool High, size_t... I>
+constexpr std::array<int32_t, 16> TransposeLanes(std::index_sequence<I...>) {
+  return {TransposeLane(H, static_cast<int>(I), High)...};
+}
+
 template <int H>
 JAX_ROPE_AMX_INLINE void TransposeStep(__m512i r[16]) {
-  alignas(64) static constexpr int32_t kLow[16] = {
-      TransposeLane(H, 0, false),  TransposeLane(H, 1, false),  TransposeLane(H, 2, false),
-      TransposeLane(H, 3, false),  TransposeLane(H, 4, false),  TransposeLane(H, 5, false),
-      TransposeLane(H, 6, false),  TransposeLane(H, 7, false),  TransposeLane(H, 8, false),
-      TransposeLane(H, 9, false),  TransposeLane(H, 10, false), TransposeLane(H, 11, false),
-      TransposeLane(H, 12, false), TransposeLane(H, 13, false), TransposeLane(H, 14, false),
-      TransposeLane(H, 15, false)};
-  alignas(64) static constexpr int32_t kHigh[16] = {
-      TransposeLane(H, 0, true),  TransposeLane(H, 1, true),  TransposeLane(H, 2, true),
-      TransposeLane(H, 3, true),  TransposeLane(H, 4, true),  TransposeLane(H, 5, true),
-      TransposeLane(H, 6, true),  TransposeLane(H, 7, true),  TransposeLane(H, 8, true),
-      TransposeLane(H, 9, true),  TransposeLane(H, 10, true), TransposeLane(H, 11, true),
-      TransposeLane(H, 12, true), TransposeLane(H, 13, true), TransposeLane(H, 14, true),
-      TransposeLane(H, 15, true)};
-  const __m512i low = _mm512_load_si512(kLow), high = _mm512_load_si512(kHigh);
+  alignas(64) static constexpr std::array<int32_t, 16> kLow =
+      TransposeLanes<H, false>(std::make_index_sequence<16>());
+  alignas(64) static constexpr std::array<int32_t, 16> kHigh =
+      TransposeLanes<H, true>(std::make_index_sequence<16>());
+  const __m512i low = _mm512_load_si512(kLow.data()), high = _mm512_load_si512(kHigh.data());
   for (int i = 0; i < 16; ++i) {
     if (i & H) continue;
     const __m512i a = r[i], b = r[i + H];
