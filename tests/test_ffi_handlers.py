@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import attention_oracle as ao
+import rope_oracle as ro
 import jax_rope as jr
 import native_build
 from jax_rope.core import extension as _extension
@@ -265,18 +266,22 @@ def test_attention_backward_handler_refuses_inconsistent_tensors(wrong, message)
 
 @pytest.fixture(scope="module")
 def scratch_limit():
-    """The CPU attention handlers built again with a limit on their kernels' scratch
-    (tests/native/scratch_limit_handlers.cc), registered as jax_rope_test_attention_{fwd,
-    scores,bwd}; returns a context manager: inside it, their scratch requests above n bytes
-    fail as a failed allocation does (std::bad_alloc)."""
+    """The CPU attention and RoPE handlers built again with a limit on their kernels'
+    scratch (tests/native/scratch_limit_handlers.cc), registered as
+    jax_rope_test_attention_{fwd,scores,bwd} and jax_rope_test_rope_{fwd,bwd}; returns a
+    context manager: inside it, their scratch requests above n bytes fail as a failed
+    allocation does (std::bad_alloc)."""
     try:
         lib = ctypes.CDLL(str(native_build.build_dir() / native_build.SCRATCH_LIMIT_HANDLERS))
     except native_build.Unavailable as why:
         pytest.skip(str(why))
-    for kind, symbol in [("fwd", "Forward"), ("scores", "Scores"), ("bwd", "Backward")]:
-        handler = jax.ffi.pycapsule(getattr(lib, f"JaxRopeTestAttention{symbol}"))
-        jax.ffi.register_ffi_target(f"jax_rope_test_attention_{kind}", handler, platform="cpu")
+    for op, kind, symbol in [("attention", "fwd", "Forward"), ("attention", "scores", "Scores"),
+                             ("attention", "bwd", "Backward"), ("rope", "fwd", "Forward"),
+                             ("rope", "bwd", "Backward")]:
+        handler = jax.ffi.pycapsule(getattr(lib, f"JaxRopeTest{op.title()}{symbol}"))
+        jax.ffi.register_ffi_target(f"jax_rope_test_{op}_{kind}", handler, platform="cpu")
     lib.jax_rope_test_limit_scratch.argtypes = [ctypes.c_int64]
+    lib.jax_rope_test_poison_scratch.argtypes = [ctypes.c_int32]
 
     @contextlib.contextmanager
     def limited_to(nbytes):
@@ -285,6 +290,15 @@ def scratch_limit():
             yield
         finally:
             lib.jax_rope_test_limit_scratch(0)
+
+    @contextlib.contextmanager
+    def poisoned():  # new scratch holders start as NaN: a kernel reading what it did not write
+        lib.jax_rope_test_poison_scratch(1)
+        try:
+            yield
+        finally:
+            lib.jax_rope_test_poison_scratch(0)
+    limited_to.poisoned = poisoned
     return limited_to
 
 
@@ -372,3 +386,37 @@ def test_attention_forward_reads_key_value_in_place_without_memory_for_their_cop
         _limited_forward(q, k, v, table)  # the limit does reach this call's scratch
     want = ao.flash_attention_score(*(ao.f64(a) for a in (q, k, v)), scale=0.5)[0]
     np.testing.assert_allclose(ao.f64(out), want, rtol=2e-5, atol=2e-5)
+
+
+ROPE_OUT_OF_SCRATCH = "RESOURCE_EXHAUSTED: jax_rope rope: out of memory for kernel scratch"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rope_without_scratch_is_an_error_not_a_crash(scratch_limit, dtype):
+    """RoPE's forward and backward (with query and key: dcos and dsin too) whose per-thread
+    rows cannot be had fail with RESOURCE_EXHAUSTED, on the calling thread and on the pool's
+    (2048 tokens: several chunks), and the process goes on; the same calls then compute
+    the oracle's numbers."""
+    rng = np.random.default_rng(12)
+    q, k, gq, gk = (jnp.asarray(rng.standard_normal((2, 1024, n, 64)), dtype)
+                    for n in (4, 2, 4, 2))
+    angle = rng.uniform(0, 6, (1, 1024, 1, 64))
+    cos, sin = (jnp.asarray(f(angle), dtype) for f in (np.cos, np.sin))
+    attrs = dict(layout=np.int32(Layout.BSND), rotary_mode=np.int32(RotaryMode.HALF))
+    shapes = lambda *xs: tuple(_SHAPE(x.shape, x.dtype) for x in xs)
+    forward = jax.ffi.ffi_call("jax_rope_test_rope_fwd", shapes(q, k))
+    backward = jax.ffi.ffi_call("jax_rope_test_rope_bwd", shapes(q, k, cos, sin))
+    calls = [lambda: jax.block_until_ready(forward(q, k, cos, sin, **attrs)),
+             lambda: jax.block_until_ready(backward(gq, gk, cos, sin, q, k, **attrs))]
+    for call in calls:
+        with scratch_limit(1), pytest.raises(Exception, match=ROPE_OUT_OF_SCRATCH):
+            call()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=5e-2)
+    f64 = lambda *xs: [np.asarray(x, np.float64) for x in xs]
+    with scratch_limit.poisoned():  # (the kept rows' contents are undefined: none is read)
+        outs, grads = calls[0](), calls[1]()
+    for got, want in zip(outs, ro.apply_rotary_pos_emb(*f64(q, k, cos, sin))):
+        np.testing.assert_allclose(f64(got)[0], want, **tol)
+    want = ro.apply_rotary_pos_emb_grad(*f64(gq, gk, cos, sin), query=f64(q)[0], key=f64(k)[0])
+    for got, w in zip(grads, want):
+        np.testing.assert_allclose(f64(got)[0], w, **tol)

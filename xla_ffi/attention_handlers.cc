@@ -8,7 +8,6 @@
 #include "xla_ffi/attention_handlers.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <new>
@@ -106,18 +105,11 @@ void AdviseOutputs(std::initializer_list<ffi::AnyBuffer*> outputs) {
 // any chunk becomes an FFI error instead of terminating the process.
 template <typename Fn>
 ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, double work, const Fn& fn) {
-  std::atomic<bool> failed{false};
   const Chunking chunking = ChunkingFor(n, work);
-  ParallelFor(pool, n, chunking.grain, [&](int64_t begin, int64_t end) {
-    try {
-      fn(begin, end);
-    } catch (const std::bad_alloc&) {
-      failed = true;
-    }
-  }, chunking.workers);
-  return failed ? ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                             "jax_rope attention: out of memory for kernel scratch")
-                : ffi::Error::Success();
+  return ParallelForCatchingBadAlloc(pool, n, chunking.grain, fn, chunking.workers)
+             ? ffi::Error::Success()
+             : ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                          "jax_rope attention: out of memory for kernel scratch");
 }
 
 // Whether the backward runs as one pass over (sequence, kv head) items

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -64,6 +65,24 @@ void ParallelFor(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain, const Fn&
   DrainChunks(*state, chunk, chunks, n, &fn);
   std::unique_lock<std::mutex> lock(state->mutex);
   state->finished.wait(lock, [&] { return state->done == chunks; });
+}
+
+// ParallelFor for kernels that allocate their scratch: a std::bad_alloc in any
+// chunk (the caller's or a pool thread's) is caught there, where it would have
+// terminated the process, and the other chunks still run. Whether none failed.
+template <typename Fn>
+bool ParallelForCatchingBadAlloc(xla::ffi::ThreadPool& pool, int64_t n, int64_t grain,
+                                 const Fn& fn,
+                                 int64_t max_workers = std::numeric_limits<int64_t>::max()) {
+  std::atomic<bool> failed{false};
+  ParallelFor(pool, n, grain, [&](int64_t begin, int64_t end) {
+    try {
+      fn(begin, end);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
+  }, max_workers);
+  return !failed;
 }
 
 }  // namespace jax_rope::ffi_support

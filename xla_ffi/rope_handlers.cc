@@ -4,6 +4,7 @@
 #include "xla_ffi/rope_handlers.h"
 
 #include <algorithm>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,13 @@ int64_t TokenGrain(const RopeGeometry& g) {
 // buffers malloc hands out at the same addresses.
 constexpr int64_t kStreamOutputBytes = int64_t{64} << 20;
 
+// What a call returns when its kernels' scratch (a few rows a thread,
+// cpu::ThreadScratch) or the backward's per-token table sums cannot be had.
+ffi::Error OutOfScratch() {
+  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                    "jax_rope rope: out of memory for kernel scratch");
+}
+
 }  // namespace
 
 ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
@@ -89,15 +97,18 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
   }
   const bool stream =
       fresh && int64_t(query_out->size_bytes() + key_out->size_bytes()) >= kStreamOutputBytes;
-  return DispatchFloat(kOp, query.element_type(), [&](auto tag) {
+  bool ran = true;
+  JAX_ROPE_RETURN_IF_FAILED(DispatchFloat(kOp, query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const cpu::RopeForwardArgs<T> args{Data<T>(query),      Data<T>(key),        Data<T>(cos),
                                        Data<T>(sin),        Data<T>(*query_out), Data<T>(*key_out),
                                        stream};
-    ParallelFor(pool, g.tokens(), TokenGrain(g), [&](int64_t begin, int64_t end) {
-      cpu::RopeForward(g, args, begin, end);
-    });
-  });
+    ran = ParallelForCatchingBadAlloc(pool, g.tokens(), TokenGrain(g),
+                                      [&](int64_t begin, int64_t end) {
+                                        cpu::RopeForward(g, args, begin, end);
+                                      });
+  }));
+  return ran ? ffi::Error::Success() : OutOfScratch();
 }
 
 ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
@@ -133,7 +144,8 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
   const bool stream = dquery.untyped_data() != grad_query.untyped_data() &&
                       dkey.untyped_data() != grad_key.untyped_data() &&
                       int64_t(dquery.size_bytes() + dkey.size_bytes()) >= kStreamOutputBytes;
-  return DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
+  bool ran = true;
+  JAX_ROPE_RETURN_IF_FAILED(DispatchFloat(kOp, grad_query.element_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool with_inputs = query != nullptr;
     cpu::RopeBackwardArgs<T> args{
@@ -147,16 +159,26 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
         Data<T>(dkey),
         with_inputs ? Data<T>(*dcos) : nullptr,
         with_inputs ? Data<T>(*dsin) : nullptr};
-    std::vector<float> partial(with_inputs ? cpu::RopeBackwardPartialFloats(g) : 0);
+    std::vector<float> partial;
+    try {
+      partial.resize(with_inputs ? cpu::RopeBackwardPartialFloats(g) : 0);
+    } catch (const std::bad_alloc&) {
+      ran = false;
+      return;
+    }
     args.partial = partial.empty() ? nullptr : partial.data();
     args.stream_outputs = stream;
-    ParallelFor(pool, g.tokens(), TokenGrain(g),
-                [&](int64_t begin, int64_t end) { cpu::RopeBackward(g, args, begin, end); });
-    if (args.partial != nullptr) {  // dcos/dsin: sum the per-token rows over the batch
-      ParallelFor(pool, g.seq, std::max<int64_t>(1, 32768 / (2 * g.batch * g.rotary_dim)),
-                  [&](int64_t begin, int64_t end) { cpu::RopeReduceTables(g, args, begin, end); });
+    ran = ParallelForCatchingBadAlloc(pool, g.tokens(), TokenGrain(g),
+                                      [&](int64_t begin, int64_t end) {
+                                        cpu::RopeBackward(g, args, begin, end);
+                                      });
+    if (ran && args.partial != nullptr) {  // dcos/dsin: sum the per-token rows over the batch
+      ran = ParallelForCatchingBadAlloc(
+          pool, g.seq, std::max<int64_t>(1, 32768 / (2 * g.batch * g.rotary_dim)),
+          [&](int64_t begin, int64_t end) { cpu::RopeReduceTables(g, args, begin, end); });
     }
-  });
+  }));
+  return ran ? ffi::Error::Success() : OutOfScratch();
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeRopeForward, RopeForward,

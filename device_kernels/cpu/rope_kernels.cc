@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <type_traits>
-#include <vector>
 
 #include "device_kernels/cpu/rope_rows_f16c.h"
+#include "device_kernels/cpu/thread_scratch.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -136,15 +135,15 @@ JAX_ROPE_INLINE void RotateInterleave(const T* x, T* out, const float* __restric
 
 // Per-token float32 rows, each 64-byte aligned (no vector load split across
 // cache lines): cos and sin widened from 16-bit tables, and the backward's
-// dcos/dsin sums over heads.
+// dcos/dsin sums over heads. The thread's kept scratch (ThreadScratch: its
+// contents undefined, each row written before it is read); throws
+// std::bad_alloc where it cannot be had.
 class Scratch {
  public:
   explicit Scratch(int64_t rotary_dim, int64_t head_dim = 0)
       : table_(RoundUp(rotary_dim)),
-        data_(new (std::align_val_t{64}) float[4 * table_ + RoundUp(head_dim)]()) {}
-  ~Scratch() { ::operator delete[](data_, std::align_val_t{64}); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+        buffer_(ScratchRole::kRopeRows, 4 * table_ + RoundUp(head_dim)),
+        data_(buffer_.data()) {}
 
   float* c() { return data_; }
   float* s() { return data_ + table_; }
@@ -159,6 +158,7 @@ class Scratch {
  private:
   static int64_t RoundUp(int64_t n) { return (n + 15) / 16 * 16; }
   int64_t table_;
+  ThreadScratch buffer_;
   float* data_;
 };
 
@@ -312,10 +312,12 @@ JAX_ROPE_INLINE void RopeReduceTablesImpl(const RopeGeometry& g, const RopeBackw
                                           int64_t begin, int64_t end) {
   if (a.partial == nullptr || a.dcos == nullptr) return;
   const int64_t r = g.rotary_dim;
-  std::vector<float> dcos(r), dsin(r);
+  Scratch scratch(r);
+  float* dcos = scratch.dcos();
+  float* dsin = scratch.dsin();
   for (int64_t pos = begin; pos < end; ++pos) {
-    std::fill(dcos.begin(), dcos.end(), 0.0f);
-    std::fill(dsin.begin(), dsin.end(), 0.0f);
+    std::fill(dcos, dcos + r, 0.0f);
+    std::fill(dsin, dsin + r, 0.0f);
     for (int64_t b = 0; b < g.batch; ++b) {
       const float* pc = a.partial + (b * g.seq + pos) * r;
       const float* ps = a.partial + (g.tokens() + b * g.seq + pos) * r;

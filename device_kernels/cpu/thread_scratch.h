@@ -7,7 +7,7 @@
 // thread, gets a buffer of its own, freed with the holder. Its contents are
 // undefined (what an earlier holder left): every holder writes what it reads,
 // and the native tests poison new holders with NaN to hold them to that. A
-// thread keeps what it grew until it exits: at most 5 x 4 MiB for the other
+// thread keeps what it grew until it exits: at most 6 x 4 MiB for the other
 // roles and 64 MiB for kPass (KeptScratchBytes).
 #pragma once
 
@@ -16,7 +16,7 @@
 namespace jax_rope::cpu {
 
 enum class ScratchRole {
-  kWorkspace, kLanes, kAccumulator, kPackedRows, kKeyBlocks, kPass, kCount
+  kWorkspace, kLanes, kAccumulator, kPackedRows, kKeyBlocks, kPass, kRopeRows, kCount
 };
 
 // The largest buffer a thread keeps for `role`. kPass holds a call's scratch
