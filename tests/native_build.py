@@ -1,8 +1,8 @@
 """The tests' native artefacts, built by CMake (option JAX_ROPE_BUILD_TESTS) in
 build/tests with the kernel library exactly as it ships: the simulated CANN
 runtime (its core and one operator library per CANN generation), the NPU
-handlers' host twins (tests/npu_sim), and the CPU attention handlers with a limit
-on their kernels' scratch (tests/native).
+handlers' host twins (tests/npu_sim), and the CPU attention and RoPE handlers with
+a limit on their kernels' scratch (tests/native).
 
 `make kernel-test` (and so `make test`) configures and builds that directory;
 `build_dir()` reuses it, bringing it up to date with an incremental
