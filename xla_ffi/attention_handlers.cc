@@ -85,8 +85,7 @@ ffi::Error PassScratch(std::optional<cpu::ThreadScratch>& scratch, int64_t float
   try {
     scratch.emplace(cpu::ScratchRole::kPass, floats);
   } catch (const std::bad_alloc&) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      "jax_rope attention: out of memory for kernel scratch");
+    return OutOfScratch("attention");
   }
   return ffi::Error::Success();
 }
@@ -108,8 +107,7 @@ ffi::Error GuardedParallelFor(ffi::ThreadPool& pool, int64_t n, double work, con
   const Chunking chunking = ChunkingFor(n, work);
   return ParallelForCatchingBadAlloc(pool, n, chunking.grain, fn, chunking.workers)
              ? ffi::Error::Success()
-             : ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                          "jax_rope attention: out of memory for kernel scratch");
+             : OutOfScratch("attention");
 }
 
 // Whether the backward runs as one pass over (sequence, kv head) items

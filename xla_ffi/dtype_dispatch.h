@@ -1,5 +1,5 @@
 // Shared by the FFI handlers: buffer accessors, early return on an FFI error,
-// and dtype dispatch (XLA element types to kernel types).
+// the out-of-memory error, and dtype dispatch (XLA element types to kernel types).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,13 @@ namespace jax_rope::ffi_support {
 inline std::vector<int64_t> DimsOf(const xla::ffi::AnyBuffer& buffer) {
   auto dims = buffer.dimensions();
   return std::vector<int64_t>(dims.begin(), dims.end());
+}
+
+// The error of a call whose kernels' scratch cannot be had (std::bad_alloc):
+// "jax_rope <op>: out of memory for kernel scratch".
+inline xla::ffi::Error OutOfScratch(const char* op) {
+  return xla::ffi::Error(xla::ffi::ErrorCode::kResourceExhausted,
+                         std::string("jax_rope ") + op + ": out of memory for kernel scratch");
 }
 
 template <typename T>

@@ -62,13 +62,6 @@ int64_t TokenGrain(const RopeGeometry& g) {
 // buffers malloc hands out at the same addresses.
 constexpr int64_t kStreamOutputBytes = int64_t{64} << 20;
 
-// What a call returns when its kernels' scratch (a few rows a thread,
-// cpu::ThreadScratch) or the backward's per-token table sums cannot be had.
-ffi::Error OutOfScratch() {
-  return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                    "jax_rope rope: out of memory for kernel scratch");
-}
-
 }  // namespace
 
 ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffer key,
@@ -108,7 +101,7 @@ ffi::Error RopeForward(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyBuffe
                                         cpu::RopeForward(g, args, begin, end);
                                       });
   }));
-  return ran ? ffi::Error::Success() : OutOfScratch();
+  return ran ? ffi::Error::Success() : OutOfScratch("rope");
 }
 
 ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
@@ -178,7 +171,7 @@ ffi::Error RopeBackward(ffi::ThreadPool pool, ffi::AnyBuffer grad_query,
           [&](int64_t begin, int64_t end) { cpu::RopeReduceTables(g, args, begin, end); });
     }
   }));
-  return ran ? ffi::Error::Success() : OutOfScratch();
+  return ran ? ffi::Error::Success() : OutOfScratch("rope");
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxRopeRopeForward, RopeForward,
