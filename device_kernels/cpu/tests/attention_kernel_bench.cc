@@ -1,6 +1,7 @@
 // Timings of the CPU attention kernels without JAX: causal B=1 N=8 D=128
-// float32, forward and the three-pass backward, on one and two threads. Built by
-// CMake beside the kernel tests (option JAX_ROPE_BUILD_TESTS), not run by ctest:
+// float32, K and V head-major (as the forward's handler copies them), forward
+// and the three-pass backward, on one and two threads. Built by CMake beside
+// the kernel tests (option JAX_ROPE_BUILD_TESTS), not run by ctest:
 //   build/tests/attention_kernel_bench
 #include <algorithm>
 #include <atomic>
@@ -27,8 +28,8 @@ void Parallel(int threads, int64_t n, const Fn& fn) {
     fn(int64_t{0}, n);
     return;
   }
-  // Like xla_ffi/parallel.h: 4 chunks per thread, claimed dynamically.
-  const int64_t chunks = std::min<int64_t>(n, threads * 4);
+  // Like xla_ffi/parallel.h: up to 16 chunks per thread, claimed dynamically.
+  const int64_t chunks = std::min<int64_t>(n, threads * 16);
   const int64_t chunk = (n + chunks - 1) / chunks;
   std::atomic<int64_t> next{0};
   auto work = [&] {
@@ -56,7 +57,8 @@ void Bench() {
     g.q_heads = g.kv_heads = n;
     g.head_dim = g.value_dim = d;
     g.scale = 1.0f / std::sqrt(float(d));
-    g.q = g.k = g.v = g.out = Strides{s * n * d, n * d, d};
+    g.q = g.out = Strides{s * n * d, n * d, d};
+    g.k = g.v = Strides{s * n * d, d, s * d};
     g.stats = Strides{n * s, 1, s};
     const SequenceBand seq = Seq(0, int32_t(s), 0, int32_t(s), -kInf, 0, -kInf);
     std::mt19937 rng(1);
@@ -69,13 +71,16 @@ void Bench() {
     AttentionForwardArgs<float> fa{q.data(), k.data(), v.data(), out.data(), mx.data(), sm.data()};
     AttentionBackwardArgs<float> ba{q.data(),  k.data(),  v.data(),  out.data(), dout.data(),
                                     mx.data(), sm.data(), dq.data(), dk.data(),  dv.data()};
+    // AttentionForward's items hold up to four query blocks each (fewer than
+    // the row delta's ForwardWorkItems, whose later ones it finds empty).
     const int64_t items = ForwardWorkItems(g, &seq);
+    const int64_t forward_items = AttentionForwardWorkItems(g, &seq);
     const int64_t key_items = KeyBlockWorkItems(g, &seq);
     for (int threads : {1, 2}) {
       double fwd = 1e9, bwd = 1e9;
       for (int rep = 0; rep < 3; ++rep) {
         fwd = std::min(fwd, Seconds([&] {
-                         Parallel(threads, items, [&](int64_t b, int64_t e) {
+                         Parallel(threads, forward_items, [&](int64_t b, int64_t e) {
                            AttentionForward(g, &seq, fa, b, e);
                          });
                        }));
