@@ -18,6 +18,16 @@ from conftest import require_backend
 BACKENDS = ["ffi", "fallback"]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def compiled_as_users_compile():
+    """XLA optimises these programs as it does by default (conftest.py turns most of that off
+    for the rest of the suite): NaN must have no influence in the code users run."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    yield
+    jax.config.update("jax_disable_most_optimizations", previous)
+
+
 def evaluator(backend, call, weights):
     """(q, k, v) -> output and (dq, dk, dv) of sum(out * weights), jitted once."""
     loss = lambda q, k, v: jnp.sum(call(q, k, v).astype(jnp.float32) * weights)
