@@ -119,31 +119,28 @@ class _RingSchedule:
         return jax.lax.ppermute(x, self.axis, [(i, (i + 1) % self.n) for i in range(self.n)])
 
 
-def _visits(schedule, k, v):
-    """Per step t, a function giving the visiting key/value block (source e - t)."""
-    if schedule.strategy == "all_gather":
-        k_all = jax.lax.all_gather(k, schedule.axis, axis=1, tiled=True)
-        v_all = jax.lax.all_gather(v, schedule.axis, axis=1, tiled=True)
-        size = k.shape[1]
-        return lambda t, kv, src: (jax.lax.dynamic_slice_in_dim(k_all, src * size, size, 1),
-                                   jax.lax.dynamic_slice_in_dim(v_all, src * size, size, 1))
-    return lambda t, kv, src: kv if t == 0 else schedule.shift(kv)
+def _gathered(schedule, k, v):
+    """For "all_gather": every key/value block at once, and the block of source device `src`."""
+    k_all = jax.lax.all_gather(k, schedule.axis, axis=1, tiled=True)
+    v_all = jax.lax.all_gather(v, schedule.axis, axis=1, tiled=True)
+    size = k.shape[1]
+    return lambda src: (jax.lax.dynamic_slice_in_dim(k_all, src * size, size, 1),
+                        jax.lax.dynamic_slice_in_dim(v_all, src * size, size, 1))
 
 
 def _forward(schedule, q, k, v):
+    """Step t merges the pairs of this device's query chunks with the key/value block of
+    device (me - t) mod n. The steps are a loop (the program does not grow with n); in the
+    ring the next block's ppermute does not wait for this step's products."""
     me = jax.lax.axis_index(schedule.axis)
     q_slots = schedule.split(q)
-    outs = [jnp.zeros(x.shape[:3] + v.shape[3:], jnp.float32) for x in q_slots]
-    lses = [jnp.full((x.shape[0], x.shape[2], x.shape[1]), -jnp.inf, jnp.float32)
-            for x in q_slots]
-    visit, kv = _visits(schedule, k, v), (k, v)
-    for t in range(schedule.n):
+    branches = [functools.partial(_pair_forward, b, schedule.scale) for b in schedule.branches]
+
+    def step(t, kv, acc):
+        outs, lses = list(acc[0]), list(acc[1])
         src = (me - t) % schedule.n
-        kv = visit(t, kv, src)
         for ks, (kc, vc) in enumerate(zip(schedule.split(kv[0]), schedule.split(kv[1]))):
             for qs, qc in enumerate(q_slots):
-                branches = [functools.partial(_pair_forward, b, schedule.scale)
-                            for b in schedule.branches]
                 o, lse = jax.lax.switch(schedule.branch(me, qs, src, ks), branches, qc, kc, vc)
                 new = jnp.logaddexp(lses[qs], lse)
                 safe = jnp.where(jnp.isneginf(new), 0.0, new)
@@ -151,50 +148,71 @@ def _forward(schedule, q, k, v):
                 w_new = jnp.swapaxes(jnp.exp(lse - safe), 1, 2)[..., None]
                 outs[qs] = outs[qs] * w_old + o * w_new
                 lses[qs] = new
+        return tuple(outs), tuple(lses)
+
+    acc = (tuple(jnp.zeros(x.shape[:3] + v.shape[3:], jnp.float32) for x in q_slots),
+           tuple(jnp.full((x.shape[0], x.shape[2], x.shape[1]), -jnp.inf, jnp.float32)
+                 for x in q_slots))
+    if schedule.strategy == "all_gather":
+        visit = _gathered(schedule, k, v)
+        acc = jax.lax.fori_loop(
+            0, schedule.n, lambda t, acc: step(t, visit((me - t) % schedule.n), acc), acc)
+    else:
+        def ring_step(t, carry):
+            kv, acc = carry
+            return schedule.shift(kv), step(t, kv, acc)
+        kv, acc = jax.lax.fori_loop(0, schedule.n - 1, ring_step, ((k, v), acc))
+        acc = step(schedule.n - 1, kv, acc)
+    outs, lses = acc
     out = jnp.concatenate(outs, axis=1).astype(q.dtype)
     return out, jnp.concatenate(lses, axis=2)
 
 
 def _backward(schedule, q, k, v, out, lse, dout):
+    """The forward's steps again, each pair's gradients from the fused backward: dq stays,
+    the visiting block's dk/dv travel with it (ring) or add into the gathered whole."""
     me = jax.lax.axis_index(schedule.axis)
     q_slots, o_slots, d_slots = schedule.split(q), schedule.split(out), schedule.split(dout)
-    l_slots = [lse[:, :, i * schedule.length:(i + 1) * schedule.length] for i in range(schedule.slots)]
-    dq = [jnp.zeros(x.shape, jnp.float32) for x in q_slots]
-    ring = schedule.strategy == "ring"
-    if ring:
-        blocks = (k, v)
-        dkv = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    else:
-        visit = _visits(schedule, k, v)
-        dkv_all = (jnp.zeros((k.shape[0], k.shape[1] * schedule.n) + k.shape[2:], jnp.float32),
-                   jnp.zeros((v.shape[0], v.shape[1] * schedule.n) + v.shape[2:], jnp.float32))
-    for t in range(schedule.n):
+    l_slots = [lse[:, :, i * schedule.length:(i + 1) * schedule.length]
+               for i in range(schedule.slots)]
+    branches = [functools.partial(_pair_backward, b, schedule.scale) for b in schedule.branches]
+
+    def step(t, blocks, dkv, dq):
+        """(dk, dv) of the visiting block and dq, with step t's pairs added."""
         src = (me - t) % schedule.n
-        if ring:
-            if t:
-                blocks, dkv = schedule.shift(blocks), schedule.shift(dkv)
-        else:
-            blocks = visit(t, None, src)
-            dkv = tuple(jnp.zeros(x.shape, jnp.float32) for x in blocks)
-        dk_slots, dv_slots = schedule.split(dkv[0]), schedule.split(dkv[1])
+        dq, dk_slots, dv_slots = list(dq), schedule.split(dkv[0]), schedule.split(dkv[1])
         for ks, (kc, vc) in enumerate(zip(schedule.split(blocks[0]), schedule.split(blocks[1]))):
             for qs in range(schedule.slots):
-                branches = [functools.partial(_pair_backward, b, schedule.scale)
-                            for b in schedule.branches]
                 g = jax.lax.switch(schedule.branch(me, qs, src, ks), branches, q_slots[qs], kc, vc,
                                    o_slots[qs], d_slots[qs], l_slots[qs])
                 dq[qs] = dq[qs] + g[0]
                 dk_slots[ks] = dk_slots[ks] + g[1]
                 dv_slots[ks] = dv_slots[ks] + g[2]
-        dkv = (jnp.concatenate(dk_slots, axis=1), jnp.concatenate(dv_slots, axis=1))
-        if not ring:
-            size = k.shape[1]
-            dkv_all = tuple(jax.lax.dynamic_update_slice_in_dim(
-                acc, acc_blk + jax.lax.dynamic_slice_in_dim(acc, src * size, size, 1),
-                src * size, 1) for acc, acc_blk in zip(dkv_all, dkv))
-    if ring:  # the visiting block's gradients go home: one more step around
-        dk, dv = schedule.shift(dkv)
+        return (jnp.concatenate(dk_slots, axis=1), jnp.concatenate(dv_slots, axis=1)), tuple(dq)
+
+    dq = tuple(jnp.zeros(x.shape, jnp.float32) for x in q_slots)
+    zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    if schedule.strategy == "ring":
+        def ring_step(t, carry):
+            blocks, dkv, dq = carry
+            dkv, dq = step(t, blocks, dkv, dq)
+            return schedule.shift(blocks), schedule.shift(dkv), dq
+        blocks, dkv, dq = jax.lax.fori_loop(0, schedule.n - 1, ring_step, ((k, v), zeros, dq))
+        dkv, dq = step(schedule.n - 1, blocks, dkv, dq)
+        dk, dv = schedule.shift(dkv)  # the visiting block's gradients go home: one more step
     else:
+        visit, size = _gathered(schedule, k, v), k.shape[1]
+
+        def gather_step(t, carry):
+            dkv_all, dq = carry
+            src = (me - t) % schedule.n
+            dkv, dq = step(t, visit(src), zeros, dq)
+            return tuple(jax.lax.dynamic_update_slice_in_dim(
+                acc, blk + jax.lax.dynamic_slice_in_dim(acc, src * size, size, 1), src * size, 1)
+                for acc, blk in zip(dkv_all, dkv)), dq
+        dkv_all = (jnp.zeros((k.shape[0], size * schedule.n) + k.shape[2:], jnp.float32),
+                   jnp.zeros((v.shape[0], size * schedule.n) + v.shape[2:], jnp.float32))
+        dkv_all, dq = jax.lax.fori_loop(0, schedule.n, gather_step, (dkv_all, dq))
         dk, dv = (jax.lax.psum_scatter(x, schedule.axis, scatter_dimension=1, tiled=True)
                   for x in dkv_all)
     return (jnp.concatenate(dq, axis=1).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype))
