@@ -115,6 +115,10 @@ class _RingSchedule:
         offset = self.chunk(kv_device, kv_slot) - self.chunk(q_device, q_slot)
         return jnp.asarray(self.index)[offset + self.chunks - 1]
 
+    def source(self, t):
+        """The device whose key/value block this device works on at step t."""
+        return (jax.lax.axis_index(self.axis) - t) % self.n
+
     def shift(self, x):  # every device sends to the next one
         return jax.lax.ppermute(x, self.axis, [(i, (i + 1) % self.n) for i in range(self.n)])
 
@@ -130,15 +134,14 @@ def _gathered(schedule, k, v):
 
 def _forward(schedule, q, k, v):
     """Step t merges the pairs of this device's query chunks with the key/value block of
-    device (me - t) mod n. The steps are a loop (the program does not grow with n); in the
-    ring the next block's ppermute does not wait for this step's products."""
+    device source(t) = (me - t) mod n. The steps are a loop (the program does not grow with
+    n); in the ring the next block's ppermute does not wait for this step's products."""
     me = jax.lax.axis_index(schedule.axis)
     q_slots = schedule.split(q)
     branches = [functools.partial(_pair_forward, b, schedule.scale) for b in schedule.branches]
 
-    def step(t, kv, acc):
+    def step(src, kv, acc):
         outs, lses = list(acc[0]), list(acc[1])
-        src = (me - t) % schedule.n
         for ks, (kc, vc) in enumerate(zip(schedule.split(kv[0]), schedule.split(kv[1]))):
             for qs, qc in enumerate(q_slots):
                 o, lse = jax.lax.switch(schedule.branch(me, qs, src, ks), branches, qc, kc, vc)
@@ -155,14 +158,17 @@ def _forward(schedule, q, k, v):
                  for x in q_slots))
     if schedule.strategy == "all_gather":
         visit = _gathered(schedule, k, v)
-        acc = jax.lax.fori_loop(
-            0, schedule.n, lambda t, acc: step(t, visit((me - t) % schedule.n), acc), acc)
+
+        def gather_step(t, acc):
+            src = schedule.source(t)
+            return step(src, visit(src), acc)
+        acc = jax.lax.fori_loop(0, schedule.n, gather_step, acc)
     else:
         def ring_step(t, carry):
             kv, acc = carry
-            return schedule.shift(kv), step(t, kv, acc)
+            return schedule.shift(kv), step(schedule.source(t), kv, acc)
         kv, acc = jax.lax.fori_loop(0, schedule.n - 1, ring_step, ((k, v), acc))
-        acc = step(schedule.n - 1, kv, acc)
+        acc = step(schedule.source(schedule.n - 1), kv, acc)
     outs, lses = acc
     out = jnp.concatenate(outs, axis=1).astype(q.dtype)
     return out, jnp.concatenate(lses, axis=2)
@@ -177,9 +183,8 @@ def _backward(schedule, q, k, v, out, lse, dout):
                for i in range(schedule.slots)]
     branches = [functools.partial(_pair_backward, b, schedule.scale) for b in schedule.branches]
 
-    def step(t, blocks, dkv, dq):
-        """(dk, dv) of the visiting block and dq, with step t's pairs added."""
-        src = (me - t) % schedule.n
+    def step(src, blocks, dkv, dq):
+        """(dk, dv) of the block of device src and dq, with that step's pairs added."""
         dq, dk_slots, dv_slots = list(dq), schedule.split(dkv[0]), schedule.split(dkv[1])
         for ks, (kc, vc) in enumerate(zip(schedule.split(blocks[0]), schedule.split(blocks[1]))):
             for qs in range(schedule.slots):
@@ -195,18 +200,18 @@ def _backward(schedule, q, k, v, out, lse, dout):
     if schedule.strategy == "ring":
         def ring_step(t, carry):
             blocks, dkv, dq = carry
-            dkv, dq = step(t, blocks, dkv, dq)
+            dkv, dq = step(schedule.source(t), blocks, dkv, dq)
             return schedule.shift(blocks), schedule.shift(dkv), dq
         blocks, dkv, dq = jax.lax.fori_loop(0, schedule.n - 1, ring_step, ((k, v), zeros, dq))
-        dkv, dq = step(schedule.n - 1, blocks, dkv, dq)
+        dkv, dq = step(schedule.source(schedule.n - 1), blocks, dkv, dq)
         dk, dv = schedule.shift(dkv)  # the visiting block's gradients go home: one more step
     else:
         visit, size = _gathered(schedule, k, v), k.shape[1]
 
         def gather_step(t, carry):
             dkv_all, dq = carry
-            src = (me - t) % schedule.n
-            dkv, dq = step(t, visit(src), zeros, dq)
+            src = schedule.source(t)
+            dkv, dq = step(src, visit(src), zeros, dq)
             return tuple(jax.lax.dynamic_update_slice_in_dim(
                 acc, blk + jax.lax.dynamic_slice_in_dim(acc, src * size, size, 1), src * size, 1)
                 for acc, blk in zip(dkv_all, dkv)), dq
