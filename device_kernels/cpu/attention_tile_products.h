@@ -23,9 +23,9 @@ JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const float* p) {
 }
 template <class Isa>
 JAX_ROPE_INLINE void LoadB(typename Isa::V& v, const uint16_t* p) {
-  using VI = typename Isa::VI;
-  typedef uint16_t Halves __attribute__((vector_size(sizeof(VI) / 2), aligned(2), may_alias));
-  v = (typename Isa::V)(__builtin_convertvector(*reinterpret_cast<const Halves*>(p), VI) << 16);
+  typename Isa::VI x;
+  Isa::WidenBf16(x, p);
+  v = (typename Isa::V)x;
 }
 
 // C[MR x NV vectors] (+)= A[MR x k] * B[k x NV vectors], C held in registers.

@@ -24,6 +24,10 @@ namespace jax_rope::cpu::tile_simd {
 // Clamp(x, lo, hi) sets x to min(hi, max(lo, x)), a NaN x passing through,
 // with one max and one min instruction: GCC turns the same ternaries on
 // vector types with a constant bound into compare-and-blend pairs.
+// WidenBf16(x, p) loads a vector of bfloat16 bits from p (unaligned) as the
+// bits of their float32 values (zero-extended, shifted up 16): vpmovzxwd from
+// memory and vpslld, where GCC made six instructions of the same conversion
+// (__builtin_convertvector; the halves loaded, widened and joined apart).
 struct Avx512 {
   typedef float V __attribute__((vector_size(64)));
   typedef int32_t VI __attribute__((vector_size(64)));
@@ -34,6 +38,12 @@ struct Avx512 {
     asm("vmaxps %[x], %[lo], %[x]\n\tvminps %[x], %[hi], %[x]"
         : [x] "+v"(x)
         : [lo] "v"(lo), [hi] "v"(hi));
+  }
+  JAX_ROPE_INLINE static void WidenBf16(VI& x, const uint16_t* p) {
+    typedef uint16_t Halves __attribute__((vector_size(32), aligned(2), may_alias));
+    asm("vpmovzxwd %[p], %[x]\n\tvpslld $16, %[x], %[x]"
+        : [x] "=v"(x)
+        : [p] "m"(*reinterpret_cast<const Halves*>(p)));
   }
 };
 struct Avx2 {
@@ -47,6 +57,12 @@ struct Avx2 {
         : [x] "+x"(x)
         : [lo] "x"(lo), [hi] "x"(hi));
   }
+  JAX_ROPE_INLINE static void WidenBf16(VI& x, const uint16_t* p) {
+    typedef uint16_t Halves __attribute__((vector_size(16), aligned(2), may_alias));
+    asm("vpmovzxwd %[p], %[x]\n\tvpslld $16, %[x], %[x]"
+        : [x] "=x"(x)
+        : [p] "m"(*reinterpret_cast<const Halves*>(p)));
+  }
 };
 struct Sse2 {
   typedef float V __attribute__((vector_size(16)));
@@ -58,6 +74,10 @@ struct Sse2 {
     V l = lo, h = hi;  // two-operand forms: maxps b, a sets a to a > b ? a : b
     asm("maxps %[x], %[l]\n\tminps %[l], %[h]" : [l] "+x"(l), [h] "+x"(h) : [x] "x"(x));
     x = h;
+  }
+  JAX_ROPE_INLINE static void WidenBf16(VI& x, const uint16_t* p) {
+    typedef uint16_t Halves __attribute__((vector_size(8), aligned(2), may_alias));
+    x = __builtin_convertvector(*reinterpret_cast<const Halves*>(p), VI) << 16;
   }
 };
 
