@@ -124,7 +124,8 @@ class _RingSchedule:
 
 
 def _gathered(schedule, k, v):
-    """For "all_gather": every key/value block at once, and the block of source device `src`."""
+    """For "all_gather": gathers every device's key/value block once and returns
+    src -> the (k, v) block of device `src`, sliced from the gathered whole."""
     k_all = jax.lax.all_gather(k, schedule.axis, axis=1, tiled=True)
     v_all = jax.lax.all_gather(v, schedule.axis, axis=1, tiled=True)
     size = k.shape[1]
