@@ -234,9 +234,11 @@ def test_large_fresh_gradients(r):
     wq, wk = weights(rng, inp)
     with jr.backend("ffi"):
         grads = jax.jit(jax.grad(make_loss("BSND"), argnums=(0, 1, 2, 3)))(*args_of(inp), wq, wk)
+    grads = [np.asarray(g) for g in grads]
+    assert [g.shape for g in grads] == [inp[n].shape for n in helpers.ARG_NAMES]
     # The oracle a slice of positions at a time (every gradient is per position; dcos and
     # dsin sum over batch and heads only), as test_large_fresh_outputs does.
     for part in (slice(s0, s0 + 512) for s0 in range(0, 2048, 512)):
-        check_grads_against_oracle([np.asarray(g)[:, part] for g in grads],
+        check_grads_against_oracle([g[:, part] for g in grads],
                                    {n: a[:, part] for n, a in inp.items()}, wq[:, part],
                                    wk[:, part], "BSND", "float32")
