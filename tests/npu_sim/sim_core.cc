@@ -218,7 +218,8 @@ JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_tensors() { return Shared().live_tenso
 JAX_ROPE_SIM_EXPORT int64_t jax_rope_sim_last_drop_mask(uint8_t* out, int64_t capacity) {
   std::lock_guard<std::mutex> lock(Shared().mutex);
   const auto& m = Shared().last_drop_mask;
-  std::memcpy(out, m.data(), std::min<int64_t>(capacity, m.size()));
+  const int64_t bytes = std::min<int64_t>(capacity, m.size());
+  if (bytes > 0) std::memcpy(out, m.data(), bytes);  // (null out: a size query)
   return static_cast<int64_t>(m.size());
 }
 JAX_ROPE_SIM_EXPORT int jax_rope_sim_live_executors() {
