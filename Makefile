@@ -22,7 +22,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # 2 took the suite from 20 to 12 minutes; each takes a few GB, so more is a choice.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test kernel-test native-tests wheel bench info clean
+.PHONY: demo test kernel-test native-tests sanitize-test wheel bench info clean
 
 # The build requirements (jax pinned to the release the FFI headers come from)
 # are read from pyproject.toml, the one place they are written.
@@ -54,6 +54,26 @@ native-tests: $(REQUIREMENTS)
 # The kernels alone, without JAX, against double-precision references.
 kernel-test: native-tests
 	cd $(TEST_BUILD) && $(CTEST) --output-on-failure
+
+# The C++ under AddressSanitizer and UBSan (GCC's runtimes; not part of `make test`, 12-14
+# minutes on two cores): the test-only targets built so in build/sanitize, the kernel
+# tests, then the tests that load those libraries into Python with the sanitizer runtimes
+# preloaded (the simulated CANN with the NPU handlers' host twins, every generation and
+# chip; the CPU handlers with a scratch limit). A report fails the run.
+SANITIZE_BUILD := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+	-fno-omit-frame-pointer
+sanitize-test: $(STAMP)
+	$(CMAKE) -S . -B $(SANITIZE_BUILD) -DPython_EXECUTABLE=$(abspath $(PY)) \
+		-DJAX_ROPE_BUILD_TESTS=ON -DJAX_ROPE_BUILD_MODULE=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS)" -DCMAKE_EXE_LINKER_FLAGS="$(SANITIZE_FLAGS)" \
+		-DCMAKE_SHARED_LINKER_FLAGS="$(SANITIZE_FLAGS)"
+	$(CMAKE) --build $(SANITIZE_BUILD) --parallel $(JOBS)
+	cd $(SANITIZE_BUILD) && $(CTEST) --output-on-failure
+	JAX_ROPE_TESTS_NATIVE_DIR=$(abspath $(SANITIZE_BUILD)) ASAN_OPTIONS=detect_leaks=0 \
+		LD_PRELOAD="$$($(CXX) -print-file-name=libasan.so) $$($(CXX) -print-file-name=libubsan.so)" \
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests/test_npu_contract.py \
+		tests/test_ffi_handlers.py
 
 # The manylinux wheel of the extension: built by pip from the same CMake build
 # directory as the editable install (fast when that is up to date), then

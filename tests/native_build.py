@@ -7,6 +7,9 @@ a limit on their kernels' scratch (tests/native).
 `make kernel-test` (and so `make test`) configures and builds that directory;
 `build_dir()` reuses it, bringing it up to date with an incremental
 `cmake --build`, and configures it the same way when pytest runs without make.
+With JAX_ROPE_TESTS_NATIVE_DIR set, `build_dir()` returns that directory as it
+is instead: another build of the same targets (`make sanitize-test`'s, built with
+AddressSanitizer and UBSan).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def build_dir() -> pathlib.Path:
     """build/tests with every test-only target built; raises Unavailable without a toolchain.
     One process at a time configures and builds (a lock file beside build/tests): two test
     files of one pytest-xdist run ask for it."""
+    given = os.environ.get("JAX_ROPE_TESTS_NATIVE_DIR")
+    if given:
+        return _with_artefacts(pathlib.Path(given).resolve())
     cmake = shutil.which("cmake")
     if cmake is None or shutil.which(os.environ.get("CXX", "c++")) is None:
         raise Unavailable("cmake and a C++ compiler are needed for the native test artefacts")
@@ -54,8 +60,12 @@ def build_dir() -> pathlib.Path:
                   f"-DPython_EXECUTABLE={sys.executable}", "-DJAX_ROPE_BUILD_TESTS=ON",
                   "-DJAX_ROPE_BUILD_MODULE=OFF"])
         _run([cmake, "--build", str(BUILD_DIR), "--parallel", str(os.cpu_count() or 2)])
+    return _with_artefacts(BUILD_DIR)
+
+
+def _with_artefacts(directory: pathlib.Path) -> pathlib.Path:
     for name in (SIMULATOR, SIMULATOR_OPAPI_BASE, HOST_HANDLERS, SCRATCH_LIMIT_HANDLERS,
                  *(SIMULATOR_OPS.format(g) for g in GENERATIONS)):
-        if not (BUILD_DIR / name).exists():
-            raise RuntimeError(f"{BUILD_DIR / name} was not built")
-    return BUILD_DIR
+        if not (directory / name).exists():
+            raise RuntimeError(f"{directory / name} was not built")
+    return directory
