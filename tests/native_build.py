@@ -42,9 +42,10 @@ def _run(command: list[str]) -> None:
 
 
 def build_dir() -> pathlib.Path:
-    """build/tests with every test-only target built; raises Unavailable without a toolchain.
-    One process at a time configures and builds (a lock file beside build/tests): two test
-    files of one pytest-xdist run ask for it."""
+    """build/tests with every test-only target built (JAX_ROPE_TESTS_NATIVE_DIR instead, as it
+    is, where set); raises Unavailable without a toolchain. One process at a time configures
+    and builds (a lock file beside build/tests): two test files of one pytest-xdist run ask
+    for it."""
     given = os.environ.get("JAX_ROPE_TESTS_NATIVE_DIR")
     if given:
         return _with_artefacts(pathlib.Path(given).resolve())
