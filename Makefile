@@ -46,9 +46,10 @@ demo: $(STAMP)
 # the wheel's, so it is not built again here): the kernel tests, the simulated
 # CANN runtime and the NPU handlers' host twins. tests/native_build.py finds
 # them here (and configures the same way when pytest runs alone).
+TEST_CMAKE_OPTIONS = -DPython_EXECUTABLE=$(abspath $(PY)) -DJAX_ROPE_BUILD_TESTS=ON \
+	-DJAX_ROPE_BUILD_MODULE=OFF
 native-tests: $(REQUIREMENTS)
-	$(CMAKE) -S . -B $(TEST_BUILD) -DPython_EXECUTABLE=$(abspath $(PY)) \
-		-DJAX_ROPE_BUILD_TESTS=ON -DJAX_ROPE_BUILD_MODULE=OFF
+	$(CMAKE) -S . -B $(TEST_BUILD) $(TEST_CMAKE_OPTIONS)
 	$(CMAKE) --build $(TEST_BUILD) --parallel $(JOBS)
 
 # The kernels alone, without JAX, against double-precision references.
@@ -64,8 +65,7 @@ SANITIZE_BUILD := build/sanitize
 SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
 	-fno-omit-frame-pointer
 sanitize-test: $(STAMP)
-	$(CMAKE) -S . -B $(SANITIZE_BUILD) -DPython_EXECUTABLE=$(abspath $(PY)) \
-		-DJAX_ROPE_BUILD_TESTS=ON -DJAX_ROPE_BUILD_MODULE=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	$(CMAKE) -S . -B $(SANITIZE_BUILD) $(TEST_CMAKE_OPTIONS) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS)" -DCMAKE_EXE_LINKER_FLAGS="$(SANITIZE_FLAGS)" \
 		-DCMAKE_SHARED_LINKER_FLAGS="$(SANITIZE_FLAGS)"
 	$(CMAKE) --build $(SANITIZE_BUILD) --parallel $(JOBS)
