@@ -2,7 +2,8 @@
 (spec/attention.md): every sparse mode, Sq != Skv, negative tokens, prefix, varlen with empty
 sequences, the mode 7/8 worked examples stitched back, GQA, every layout and dtype, Dv < D,
 fully masked rows, traced varlen lengths under jit, agreement with
-jax.nn.dot_product_attention, and sizes spanning several tiles."""
+jax.nn.dot_product_attention, and sizes spanning several tiles (also drawn at random, with
+the split decode's short query blocks, in every dtype, mode and layout)."""
 
 import functools
 
@@ -19,6 +20,9 @@ import jax_rope as jr
 from attention_oracle import f64
 
 N_EXAMPLES = max(3, settings.default.max_examples // 3)
+# The tile-crossing property (test_property_across_tiles and its gradient twin): more
+# examples, since each reaches only some of the kernels' paths.
+TILE_EXAMPLES = max(3, settings.default.max_examples // 2)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
           "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 # (rtol, atol) against the float64 oracle on the (upcast) inputs
@@ -503,3 +507,50 @@ def forward_case(draw):
 def test_property(backend, case):
     args, kw = case
     run_case(args, kw)
+
+
+@st.composite
+def tile_case(draw):
+    """((args, kw), rng) of a call across the kernels' 64 x 64 tiles: up to 260 query rows and
+    keys, or a short query block (the split decode path) over up to 1100 keys (past one split
+    chunk); head dims the micro-kernels block differently (and an odd one), Dv < D, GQA up to
+    4, every dtype, mode and layout, TND with up to three sequences, scales other than
+    1/sqrt(D) (negative too)."""
+    dtype = draw(st.sampled_from(sorted(DTYPES)))
+    layout = draw(st.sampled_from(ao.LAYOUTS))
+    n2 = draw(st.integers(1, 2))
+    n1 = n2 * draw(st.integers(1, 4))
+    d = draw(st.sampled_from([33, 40, 64, 72, 128, 256]))
+    dv = draw(st.sampled_from([d, d // 2]))
+    scale = draw(st.sampled_from([None, None, 0.5, -1.0]))  # times 1/sqrt(D)
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    op = {} if scale is None else {"scale": scale / np.sqrt(d)}
+    if layout == "TND":
+        n = draw(st.integers(1, 3))
+        lq = draw(st.lists(st.integers(0, 150), min_size=n, max_size=n))
+        lkv = draw(st.lists(st.integers(0, 150), min_size=n, max_size=n))
+        if sum(lq) == 0 or sum(lkv) == 0:
+            lq, lkv = lq + [70], lkv + [70]
+        mode = draw(st.sampled_from([0, 1, 2, 3, 4, 6, 7, 8]))
+        if mode == 7:  # the last sequence with query rows needs as many keys
+            last = ao.band_sequence(7, lq, lkv)
+            lkv[last] = max(lkv[last], lq[last])
+        case = ao.make_case(rng, layout, DTYPES[dtype], N1=n1, N2=n2, D=d, Dv=dv, seq_q=lq,
+                            seq_kv=lkv, **op, **ao.varlen_kwargs(mode, rng, lq, lkv))
+        return case, rng
+    b = draw(st.integers(1, 2))
+    if draw(st.booleans()):
+        sq, skv = draw(st.integers(1, 260)), draw(st.integers(1, 260))
+    else:
+        sq, skv = draw(st.integers(1, 8)), draw(st.integers(200, 1100))
+    mode = draw(st.sampled_from(list(range(7))))
+    case = ao.make_case(rng, layout, DTYPES[dtype], B=b, Sq=sq, Skv=skv, N1=n1, N2=n2, D=d,
+                        Dv=dv, **op, **ao.mode_kwargs(mode, rng, b, sq, skv, n1))
+    return case, rng
+
+
+@settings(max_examples=TILE_EXAMPLES)
+@given(tile_case())
+def test_property_across_tiles(backend, case):
+    (args, kw), _ = case
+    run_case(args, kw, jit=True)

@@ -2,7 +2,8 @@
 "Gradients") against the oracle's analytic float64 backward and against jax.grad of a plain
 dense masked softmax written here in jnp float32: every sparse mode, layouts, GQA, Dv < D,
 varlen with empty sequences, the mode 7/8 worked examples, fully masked rows (zero gradient,
-never NaN), low precision, traced varlen lengths, and jax.test_util.check_grads."""
+never NaN), low precision, traced varlen lengths, random calls across tiles, and
+jax.test_util.check_grads."""
 
 
 import jax
@@ -18,6 +19,7 @@ import attention_oracle as ao
 import jax_rope as jr
 from attention_oracle import f64
 from conftest import require_backend
+from test_flash_attention import TILE_EXAMPLES, tile_case
 
 N_EXAMPLES = max(3, settings.default.max_examples // 4)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
@@ -343,5 +345,14 @@ def grad_case(draw):
 @settings(max_examples=N_EXAMPLES)
 @given(grad_case())
 def test_property(backend, case):
+    (args, kw), rng = case
+    check_grads_vs_refs(args, kw, rng, dense=False)
+
+
+@settings(max_examples=TILE_EXAMPLES)
+@given(tile_case())
+def test_property_across_tiles(backend, case):
+    """The gradients of test_flash_attention.py's tile-crossing cases (every dtype, mode and
+    layout; the split decode's short query blocks) against the oracle."""
     (args, kw), rng = case
     check_grads_vs_refs(args, kw, rng, dense=False)
