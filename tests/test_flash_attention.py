@@ -479,6 +479,18 @@ def test_jit_matches_eager(backend):
 # property -----------------------------------------------------------------------------------
 
 @st.composite
+def sequence_lengths(draw, longest, added):
+    """(query lengths, key lengths) of one to three TND sequences, each 0..longest; where
+    either side would hold no token, one more sequence of `added` of both."""
+    n = draw(st.integers(1, 3))
+    lq = draw(st.lists(st.integers(0, longest), min_size=n, max_size=n))
+    lkv = draw(st.lists(st.integers(0, longest), min_size=n, max_size=n))
+    if sum(lq) == 0 or sum(lkv) == 0:
+        lq, lkv = lq + [added], lkv + [added]
+    return lq, lkv
+
+
+@st.composite
 def forward_case(draw):
     layout = draw(st.sampled_from(ao.LAYOUTS))
     n2 = draw(st.integers(1, 2))
@@ -488,11 +500,7 @@ def forward_case(draw):
     seed = draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
     if layout == "TND":
-        n = draw(st.integers(1, 3))
-        lq = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
-        lkv = draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
-        if sum(lq) == 0 or sum(lkv) == 0:
-            lq, lkv = lq + [1], lkv + [1]
+        lq, lkv = draw(sequence_lengths(longest=5, added=1))
         mode = draw(st.sampled_from([0, 1, 2, 3, 4, 6]))
         return ao.make_case(rng, layout, N1=n1, N2=n2, D=d, Dv=dv, seq_q=lq, seq_kv=lkv,
                             **ao.varlen_kwargs(mode, rng, lq, lkv))
@@ -526,11 +534,7 @@ def tile_case(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
     op = {} if scale is None else {"scale": scale / np.sqrt(d)}
     if layout == "TND":
-        n = draw(st.integers(1, 3))
-        lq = draw(st.lists(st.integers(0, 150), min_size=n, max_size=n))
-        lkv = draw(st.lists(st.integers(0, 150), min_size=n, max_size=n))
-        if sum(lq) == 0 or sum(lkv) == 0:
-            lq, lkv = lq + [70], lkv + [70]
+        lq, lkv = draw(sequence_lengths(longest=150, added=70))
         mode = draw(st.sampled_from([0, 1, 2, 3, 4, 6, 7, 8]))
         if mode == 7:  # the last sequence with query rows needs as many keys
             last = ao.band_sequence(7, lq, lkv)
