@@ -11,10 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
 import attention_oracle as ao
 import bias_dropout_oracle as bo
 import jax_rope as jr
-from jax_rope.attention import fallback
+from jax_rope.attention import fallback, ops
 from test_attention_bias import check_case, compare, lib_run, padded_case, ref_run, tnd_case
 from test_attention_dropout import drop_case, words
 from test_flash_attention import run_case
@@ -82,6 +85,7 @@ def test_other_layouts(chunk_rows, layout, rows):
 
 @pytest.mark.parametrize("layout,pse_type,form,batch_one,mode", [
     ("BSND", 1, "full", False, 3),  # a bias of Sq rows: sliced with each chunk
+    ("BSND", 0, "full", False, 4),  # ... and with each chunk's key window (band: not at 0)
     ("BNSD", 0, "row", True, 0),
     ("SBH", 2, "slopes", False, 4),
     ("BSH", 3, "slopes", True, 6),
@@ -104,7 +108,8 @@ def test_tnd_bias(chunk_rows, pse_type, form, batch_one, mode):
     check_case(args, kw, pse, rng)
 
 
-@pytest.mark.parametrize("name,by", [("bnsd-3-full", "key"), ("tnd-8-sqrt", "mask"),
+@pytest.mark.parametrize("name,by", [("bnsd-3-full", "key"), ("bsnd-0", "key"),
+                                     ("tnd-8-sqrt", "mask"),
                                      ("tnd-2-packed", "key"), ("sbh-4-alibi", "mask")])
 def test_dropout(chunk_rows, name, by):
     """The keep bits of each chunk's rows: by the key's hash of the global row, or read from a
@@ -181,3 +186,60 @@ def test_grouped_query_heads_share_their_key_and_value():
         for f in (attend, jax.grad(loss, (0, 1, 2))):
             compiled = jax.jit(f).lower(q, k, k).compile()
             assert compiled.memory_analysis().temp_size_in_bytes < repeated
+
+
+def chunk_windows(mode, q_len, kv_len, grids, **kw):
+    """The fallback's chunks and key windows for a BSND call of `mode` with `grids` (B x N1)
+    score grids of q_len x kv_len."""
+    q, k = jnp.zeros((1, q_len, 1, 8)), jnp.zeros((1, kv_len, 1, 8))
+    call = ops.prepare(q, k, k, input_layout="BSND", head_num=None, scale=None,
+                       sparse_mode=mode, prefix=None, actual_seq_qlen=None,
+                       actual_seq_kvlen=None, **{"atten_mask": None, "pre_tokens": ao.INT_MAX,
+                                                 "next_tokens": ao.INT_MAX, **kw})
+    return fallback._chunk_windows(call.options, q_len, kv_len, grids)
+
+
+@given(mode=st.sampled_from([0, 1, 2, 3, 4]), q_len=st.integers(1, 300),
+       kv_len=st.integers(1, 300), band=st.tuples(st.integers(-300, 300), st.integers(-300, 300)),
+       grids=st.integers(1, 1 << 16))
+def test_key_windows_hold_every_visible_key(mode, q_len, kv_len, band, grids):
+    """Every (row, key) pair that the oracle's mask shows lies in the window of the row's
+    chunk; the chunks cover the rows, at most WINDOW_WIDTHS widths whose chunks together
+    hold no more scores than plain chunks may, windows inside the keys.
+    (Modes 5-8 and TND keep every column: their bands may be traced.)"""
+    kw = {}
+    if mode in (0, 4):
+        assume(ao.band_valid(*ao.to_top_left(mode, *band, q_len, kv_len), q_len, kv_len))
+        kw.update(pre_tokens=band[0], next_tokens=band[1])
+    if mode in (0, 1):  # an element mask of zeros: mode 0's band then applies
+        kw["atten_mask"] = np.zeros((q_len, kv_len), bool)
+    windows = chunk_windows(mode, q_len, kv_len, grids, **kw)
+    size, count = windows.size, windows.count
+    plain_rows = max(1, min(q_len, fallback.GRID_CHUNK_BYTES // (grids * kv_len * 4)))
+    budget = max(fallback.GRID_CHUNK_BYTES, plain_rows * grids * kv_len * 4)
+    assert windows.held * grids * 4 <= budget
+    assert (count - 1) * size < q_len <= count * size
+    assert len(windows.runs) <= fallback.WINDOW_WIDTHS
+    assert [r[0] for r in windows.runs] == [0] + [r[1] for r in windows.runs[:-1]]
+    assert windows.runs[-1][1] == count
+    visible = ~ao.dense_mask(mode, q_len, kv_len, kw.get("pre_tokens", ao.INT_MAX),
+                             kw.get("next_tokens", ao.INT_MAX), atten_mask=kw.get("atten_mask"))
+    visible = visible.reshape(q_len, kv_len)
+    for start, stop, width in windows.runs:
+        for c in range(start, stop):
+            first = windows.firsts[c]
+            assert 0 <= first and first + width <= kv_len
+            _, cols = np.nonzero(visible[c * size:(c + 1) * size])
+            assert ((cols >= first) & (cols < first + width)).all(), (c, first, width)
+
+
+def test_key_windows_skip_what_bands_hide():
+    """A causal S1024 call computes 5/8 of the score grid (four widths), a band of 1024 keys
+    over S8192 under a fifth, an unmasked call and a chunked prefill (Sq256 over Skv8192:
+    windows would leave out 1%) all of it."""
+    causal = chunk_windows(2, 1024, 1024, 8)
+    assert len(causal.runs) == 4 and causal.scores == 0.625 * 1024 * 1024
+    band = chunk_windows(4, 8192, 8192, 8, pre_tokens=1024, next_tokens=0)
+    assert band.scores <= 0.2 * 8192 * 8192
+    for w in (chunk_windows(0, 1024, 1024, 8), chunk_windows(3, 256, 8192, 32)):
+        assert w.scores == w.count * w.size * w.runs[0][2] and w.firsts == [0] * w.count

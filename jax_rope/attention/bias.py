@@ -197,12 +197,13 @@ def _abs_float32(x, y, z):
     return mag_high.astype(jnp.float32) * np.float32(65536) + mag_low.astype(jnp.float32)
 
 
-def values(options, bias, offsets, table, rows, kv_len: int):
-    """float32 bias values broadcastable to the scores (B, N1, R, Skv) at the query rows
-    `rows` (masks.query_rows), TND (1, N1, R, Tkv) at query tokens: the caller's P (types
-    0/1) or -slope * g(|dist|) (types 2/3). A "tensor" bias of Sq rows holds those rows."""
+def values(options, bias, offsets, table, rows, cols):
+    """float32 bias values broadcastable to the scores (B, N1, R, C) at the query rows `rows`
+    (masks.query_rows) and key columns `cols` (masks.key_columns), TND (1, N1, R, C) at
+    query and key tokens: the caller's P (types 0/1) or -slope * g(|dist|) (types 2/3). A
+    "tensor" bias holds those rows (when it has Sq of them) and columns."""
     kind, varlen = options.bias, options.varlen
-    b, i, j = local_grid(table, rows, kv_len, varlen)
+    b, i, j = local_grid(table, rows, cols, varlen)
     if kind == "tensor":
         bias = bias.astype(jnp.float32)
         return bias[None, :, None, :] if varlen else bias

@@ -152,25 +152,25 @@ def _token_sequences(table, tokens):
     return b, tokens - table[b, Q_START]
 
 
-def local_grid(table, rows, kv_len: int, varlen: bool):
-    """(b, i, j) int32 index grids broadcastable to (B, 1, R, Skv) at the int32 query rows
-    `rows` (masks.query_rows; TND: (1, 1, R, Tkv) at query tokens, b the sequence of the
-    token, i/j sequence-local)."""
+def local_grid(table, rows, cols, varlen: bool):
+    """(b, i, j) int32 index grids broadcastable to (B, 1, R, C) at the int32 query rows
+    `rows` (masks.query_rows) and key columns `cols` (masks.key_columns; TND: (1, 1, R, C)
+    at query and key tokens, b the sequence of the query token, i/j sequence-local)."""
     if varlen:
         b, i = _token_sequences(table, rows)
-        j = jnp.arange(kv_len, dtype=jnp.int32)[None, :] - table[b, KV_START][:, None]
+        j = cols[None, :] - table[b, KV_START][:, None]
         return b[None, None, :, None], i[None, None, :, None], j[None, None]
     b = jnp.arange(table.shape[0], dtype=jnp.int32)[:, None, None, None]
     i = rows[None, None, :, None]
-    j = jnp.arange(kv_len, dtype=jnp.int32)[None, None, None, :]
+    j = cols[None, None, None, :]
     return b, i, j
 
 
-def keep_bits(options, table, extras: dict, rows, kv_len: int):
-    """bool keep mask (B, N1, R, Skv) at the query rows `rows`, or (1, N1, R, Tkv) at query
-    tokens for TND (positions outside a sequence are unspecified): the function every
-    platform evaluates."""
-    b, i, j = local_grid(table, rows, kv_len, options.varlen)
+def keep_bits(options, table, extras: dict, rows, cols):
+    """bool keep mask (B, N1, R, C) at the query rows `rows` and key columns `cols`, or
+    (1, N1, R, C) at query and key tokens for TND (positions outside a sequence are
+    unspecified): the function every platform evaluates."""
+    b, i, j = local_grid(table, rows, cols, options.varlen)
     words = extras["drop_rows"]  # (B, N1)
     if options.varlen:
         base = jnp.swapaxes(words[b[0, 0, :, 0]], 0, 1)[None, :, :, None]  # (1, N1, R, 1)

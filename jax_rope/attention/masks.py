@@ -71,11 +71,17 @@ def query_rows(q_len: int):
     return jnp.arange(q_len, dtype=jnp.int32)
 
 
-def padded_visibility(table, rows, kv_len: int, mask=None):
-    """Visible positions (True = visible) of the padded layouts at the query rows `rows`:
-    (B, Nm, R, Skv); `mask` holds those rows."""
+def key_columns(kv_len: int, first=0):
+    """The int32 indices of `kv_len` key columns (TND: tokens) from `first` (0: every column
+    of a score grid; the fallback passes a window of them)."""
+    return first + jnp.arange(kv_len, dtype=jnp.int32)
+
+
+def padded_visibility(table, rows, cols, mask=None):
+    """Visible positions (True = visible) of the padded layouts at the query rows `rows` and
+    key columns `cols` (key_columns): (B, Nm, R, C); `mask` holds those rows and columns."""
     lo, hi = visible_columns(table, rows)
-    j = jnp.arange(kv_len)
+    j = cols
     visible = (j >= lo[..., None]) & (j <= hi[..., None])
     visible = visible[:, None]
     if mask is not None:
@@ -162,5 +168,5 @@ def sparse_mask(sparse_mode, q_len, kv_len, *, pre_tokens=MAX_TOKENS, next_token
                            actual_seq_qlen=actual_seq_qlen, actual_seq_kvlen=actual_seq_kvlen)
     if varlen:
         return ~packed_visibility(table, query_rows(q_len), kv_len, mask)[0, 0]
-    visible = padded_visibility(table, query_rows(q_len), kv_len, mask)
+    visible = padded_visibility(table, query_rows(q_len), key_columns(kv_len), mask)
     return ~(visible[:, 0] if visible.shape[1] == 1 else visible)

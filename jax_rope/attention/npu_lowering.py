@@ -79,7 +79,8 @@ def _drop_mask_operand(options, table, extras, q_rows, kv_rows):
     """The packed dropMask of this call's keep bits (a placeholder without dropout)."""
     if options.dropout is None:
         return jnp.zeros((1,), jnp.uint8)
-    keep = dropout.keep_bits(options, table, extras, masks.query_rows(q_rows), kv_rows)
+    keep = dropout.keep_bits(options, table, extras, masks.query_rows(q_rows),
+                             masks.key_columns(kv_rows))
     if options.varlen:
         keep = dropout.sequence_blocks(keep[0], options.static_lengths)
     return dropout.pack_bits(keep)

@@ -122,7 +122,7 @@ def keep_mask(call: AttentionCall, packed: bool):
         keep = jnp.ones((rows, heads, q_len, kv_len), bool)
     else:
         keep = dropout.keep_bits(options, call.table, dict(zip(options.extra_names, call.extras)),
-                                 masks.query_rows(q_len), kv_len)
+                                 masks.query_rows(q_len), masks.key_columns(kv_len))
     if not options.varlen:
         return dropout.pack_bits(keep) if packed else keep
     keep = (keep & masks.packed_visibility(call.table, masks.query_rows(q_len), kv_len))[0]
