@@ -113,6 +113,10 @@ class _Rows(NamedTuple):
     def cols(self):
         return masks.key_columns(self.keys, self.first_key)
 
+    def covers(self, length):
+        """Whether the window is known, when tracing, to be every one of `length` keys."""
+        return isinstance(self.first_key, int) and self.first_key == 0 and self.keys == length
+
 
 def _all_rows(q_len, kv_len, extras):
     return _Rows(masks.query_rows(q_len), extras, None, 0, kv_len)
@@ -120,14 +124,14 @@ def _all_rows(q_len, kv_len, extras):
 
 def _window(x, rows, axis):
     """x's slice along `axis` (of key columns or key rows) at the window of `rows`."""
-    if isinstance(rows.first_key, int) and rows.first_key == 0 and rows.keys == x.shape[axis]:
+    if rows.covers(x.shape[axis]):
         return x
     return jax.lax.dynamic_slice_in_dim(x, rows.first_key, rows.keys, axis)
 
 
 def _placed(x, rows, length, axis):
     """x, of the window's length along `axis`, placed at the window in zeros of `length`."""
-    if isinstance(rows.first_key, int) and rows.first_key == 0 and rows.keys == length:
+    if rows.covers(length):
         return x
     shape = x.shape[:axis] + (length,) + x.shape[axis + 1:]
     return _accumulated(jnp.zeros(shape, x.dtype), x, rows, axis)
@@ -136,8 +140,7 @@ def _placed(x, rows, length, axis):
 def _accumulated(total, x, rows, axis):
     """total + x, where x covers the window of `rows` along `axis` of total (None: all of
     it); only the window is read and written."""
-    if axis is None or (isinstance(rows.first_key, int) and rows.first_key == 0
-                        and rows.keys == total.shape[axis]):
+    if axis is None or rows.covers(total.shape[axis]):
         return total + x
     window = jax.lax.dynamic_slice_in_dim(total, rows.first_key, rows.keys, axis)
     return jax.lax.dynamic_update_slice_in_dim(total, window + x, rows.first_key, axis)
@@ -242,8 +245,8 @@ def _windows(spans, kv_len, size, widths):
             runs[-1] = (runs[-1][0], stop, width)
         else:
             runs.append((start, stop, width))
-    widths = [width for start, stop, width in runs for _ in range(start, stop)]
-    firsts = [max(0, min(lo, kv_len - w)) for (lo, _), w in zip(spans, widths)]
+    chunk_widths = [width for start, stop, width in runs for _ in range(start, stop)]
+    firsts = [max(0, min(lo, kv_len - w)) for (lo, _), w in zip(spans, chunk_widths)]
     return _Windows(size, count, firsts, runs)
 
 

@@ -81,8 +81,7 @@ def padded_visibility(table, rows, cols, mask=None):
     """Visible positions (True = visible) of the padded layouts at the query rows `rows` and
     key columns `cols` (key_columns): (B, Nm, R, C); `mask` holds those rows and columns."""
     lo, hi = visible_columns(table, rows)
-    j = cols
-    visible = (j >= lo[..., None]) & (j <= hi[..., None])
+    visible = (cols >= lo[..., None]) & (cols <= hi[..., None])
     visible = visible[:, None]
     if mask is not None:
         visible = visible & (mask == 0)
