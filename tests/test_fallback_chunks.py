@@ -1,4 +1,4 @@
-"""The jnp fallback in query-row chunks (jax_rope/attention/fallback.py, GRID_CHUNK_BYTES):
+"""The jnp fallback in query-row chunks (jax_rope/attention/row_chunks.py, GRID_CHUNK_BYTES):
 long calls go through their query rows a chunk at a time, the last chunk padded. Here the
 chunk is cut down to a few rows so that small cases take that path, against the float64
 oracle: each kind of sparse-mode rule in a padded layout and in TND, the other layouts, GQA,
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import attention_oracle as ao
 import bias_dropout_oracle as bo
 import jax_rope as jr
-from jax_rope.attention import fallback, ops
+from jax_rope.attention import ops, row_chunks
 from test_attention_bias import check_case, compare, lib_run, padded_case, ref_run, tnd_case
 from test_attention_dropout import drop_case, words
 from test_flash_attention import run_case
@@ -37,7 +37,7 @@ def chunk_rows(monkeypatch):
     dropped before and after."""
     def set_rows(rows, args, kw):
         batch, heads, _, kv_len = bo.Geometry(*args[:2], **kw).grid
-        monkeypatch.setattr(fallback, "GRID_CHUNK_BYTES", rows * batch * heads * kv_len * 4)
+        monkeypatch.setattr(row_chunks, "GRID_CHUNK_BYTES", rows * batch * heads * kv_len * 4)
         jax.clear_caches()
 
     with jr.backend("fallback"):
@@ -170,7 +170,7 @@ def test_long_call_memory_is_bounded():
         for f in (attend, jax.grad(loss, (0, 1, 2)), jax.grad(loss, 3)):
             compiled = jax.jit(f).lower(q, q, q, slopes).compile()
             temp = compiled.memory_analysis().temp_size_in_bytes
-            assert temp < 6 * fallback.GRID_CHUNK_BYTES <= 512 << 20, temp
+            assert temp < 6 * row_chunks.GRID_CHUNK_BYTES <= 512 << 20, temp
 
 
 def test_grouped_query_heads_share_their_key_and_value():
@@ -196,7 +196,7 @@ def chunk_windows(mode, q_len, kv_len, grids, **kw):
                        sparse_mode=mode, prefix=None, actual_seq_qlen=None,
                        actual_seq_kvlen=None, **{"atten_mask": None, "pre_tokens": ao.INT_MAX,
                                                  "next_tokens": ao.INT_MAX, **kw})
-    return fallback._chunk_windows(call.options, q_len, kv_len, grids)
+    return row_chunks.chunk_windows(call.options, q_len, kv_len, grids)
 
 
 @given(mode=st.sampled_from([0, 1, 2, 3, 4]), q_len=st.integers(1, 300),
@@ -215,11 +215,11 @@ def test_key_windows_hold_every_visible_key(mode, q_len, kv_len, band, grids):
         kw["atten_mask"] = np.zeros((q_len, kv_len), bool)
     windows = chunk_windows(mode, q_len, kv_len, grids, **kw)
     size, count = windows.size, windows.count
-    plain_rows = max(1, min(q_len, fallback.GRID_CHUNK_BYTES // (grids * kv_len * 4)))
-    budget = max(fallback.GRID_CHUNK_BYTES, plain_rows * grids * kv_len * 4)
+    plain_rows = max(1, min(q_len, row_chunks.GRID_CHUNK_BYTES // (grids * kv_len * 4)))
+    budget = max(row_chunks.GRID_CHUNK_BYTES, plain_rows * grids * kv_len * 4)
     assert windows.held * grids * 4 <= budget
     assert (count - 1) * size < q_len <= count * size
-    assert len(windows.runs) <= fallback.WINDOW_WIDTHS
+    assert len(windows.runs) <= row_chunks.WINDOW_WIDTHS
     assert [r[0] for r in windows.runs] == [0] + [r[1] for r in windows.runs[:-1]]
     assert windows.runs[-1][1] == count
     visible = ~ao.dense_mask(mode, q_len, kv_len, kw.get("pre_tokens", ao.INT_MAX),

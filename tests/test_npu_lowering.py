@@ -264,7 +264,7 @@ def test_attention_traced_lengths_choice_holds_the_fallback_in_chunks(tokens, in
     # table, at every size. XLA reserves an untaken branch's temporaries too, so the fallback
     # goes through the query tokens in chunks of GRID_CHUNK_BYTES of scores (N1 x rows x Tkv
     # float32; 64 tokens: 64 KiB at once, 4096: 256 MiB in a loop of chunks).
-    from jax_rope.attention.fallback import GRID_CHUNK_BYTES
+    from jax_rope.attention.row_chunks import GRID_CHUNK_BYTES
     assert 4 * 4 * 64 * 64 <= GRID_CHUNK_BYTES < 4 * 4 * 4096 * 4096
     q = jax.ShapeDtypeStruct((tokens, 4, 64), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((tokens, 2, 64), jnp.bfloat16)

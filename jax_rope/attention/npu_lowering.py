@@ -162,7 +162,7 @@ def _fallback_at_run_time(kernel, fallback_call, options, table_at):
     fallback for valid lengths it does not cover. Invalid ones stay the
     operator's, whose handler refuses them (the fallback here cannot); so do
     all with "ffi". (XLA reserves memory for an untaken branch's temporaries
-    too: the fallback's go by fallback.GRID_CHUNK_BYTES of scores at a time.)"""
+    too: the fallback's go by row_chunks.GRID_CHUNK_BYTES of scores at a time.)"""
     uncovered = coverage.attention_lengths_gap(npu.current_cann()[0], options)
     if uncovered is None or options.backend == "ffi":
         return kernel

@@ -17,7 +17,7 @@ import numpy as np
 import attention_oracle as ref
 import jax_rope as jr
 from jax_rope import npu
-from jax_rope.attention import fallback
+from jax_rope.attention import row_chunks
 from sim_libraries import CHIP, CORE, GEN, OPS
 
 KERNEL = CHIP in ("A2", "A3")
@@ -97,15 +97,15 @@ def traced_cases(q, k, lengths, tol=2e-5, **kw):
 @contextlib.contextmanager
 def fallback_chunks(score_bytes):
     """The fallback goes through its query rows in chunks of `score_bytes` of scores (as
-    long calls do at fallback.GRID_CHUNK_BYTES); programs traced before or inside are
+    long calls do at row_chunks.GRID_CHUNK_BYTES); programs traced before or inside are
     dropped."""
-    kept = fallback.GRID_CHUNK_BYTES
-    fallback.GRID_CHUNK_BYTES = score_bytes
+    kept = row_chunks.GRID_CHUNK_BYTES
+    row_chunks.GRID_CHUNK_BYTES = score_bytes
     jax.clear_caches()
     try:
         yield
     finally:
-        fallback.GRID_CHUNK_BYTES = kept
+        row_chunks.GRID_CHUNK_BYTES = kept
         jax.clear_caches()
 
 
