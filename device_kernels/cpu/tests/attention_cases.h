@@ -207,6 +207,13 @@ std::vector<Problem> Cases() {
   p.name = "decode bnsd G=4 four kv heads";
   p.heads_major = true;
   cases.push_back(p);
+  // Float32 products in pieces of kAskRows key rows (attention_split.cc), the
+  // last key block's step of 7 rows ending in a shorter piece.
+  p = Batched("decode G=4 last step of 7 keys", 2, 1, 1031, -kInf, 1030);
+  p.n1 = 8;
+  p.n2 = 2;
+  p.d = p.dv = 32;
+  cases.push_back(p);
   p = Batched("verify bnsd G=4 gemm scores", 1, 8, 1100, -kInf, 1092);
   p.heads_major = true;
   p.n1 = 8;
