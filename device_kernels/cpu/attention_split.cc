@@ -48,7 +48,7 @@ static_assert(kBlock <= kMaxTile, "MaskTile copies a tile's mask block of kMaxTi
 constexpr int64_t kSubRows = 16;
 static_assert(kBlock % kSubRows == 0, "a key block holds whole steps");
 // Key rows of a step's P V per product call where the values are read in place
-// (SplitRun's products).
+// and the products ask for the next key block's K (SplitRun, ask_next_keys).
 constexpr int64_t kAskRows = 4;
 // Largest V block of a run that the dot scores ask for ahead of its products:
 // a quarter of a core's L2, so that it waits there for them beside the next
