@@ -76,7 +76,6 @@ def _accumulated(total, x, rows, axis):
     return jax.lax.dynamic_update_slice_in_dim(total, held + x, rows.first_key, axis)
 
 
-
 def row_indexed(options, name, x, q_len):
     """Whether an extra operand has a row per query row (axis 2): a padded layout's element
     mask, and its bias tensor of Sq rows."""
